@@ -1,0 +1,22 @@
+"""The test stack: a real PostgreSQL 15 cluster shaped like a Supabase database.
+
+Real: PostgreSQL, pg_cron (preloaded), pgTAP, plpgsql_check. Stand-ins (this folder only,
+never in a generated project): pg_net and its worker, Supabase Vault, and the Supabase
+baseline roles and schemas.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .cluster import Cluster
+
+SQL = Path(__file__).parent / "sql"
+
+
+def start_supabase_like_cluster(**settings: str) -> Cluster:
+    cluster = Cluster(**({"settings": settings} if settings else {})).init().start()
+    with cluster.connect(autocommit=True) as conn:
+        for name in ("supabase_baseline.sql", "pg_net.sql", "vault.sql"):
+            conn.execute((SQL / name).read_text())
+    return cluster
