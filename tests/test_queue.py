@@ -1,0 +1,414 @@
+"""The queue's SQL API on a real PostgreSQL: claims, leases, failures, the sweeper, access."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from datetime import timedelta
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from tests.support.cluster import Cluster
+
+
+def enqueue_n(db: psycopg.Connection, n: int, kind: str = "test.noop", **fields) -> list[int]:
+    jobs = Jsonb([{"kind": kind, "payload": {"n": i}, **fields} for i in range(n)])
+    return [r[0] for r in db.execute("select pgqueue.enqueue_many(%s)", (jobs,))]
+
+
+def claim(db: psycopg.Connection, max_jobs: int = 1, **kw) -> list[dict]:
+    args = ", ".join(f"{k} => %({k})s" for k in kw)
+    sql = f"select * from pgqueue.claim('test-worker', %(max_jobs)s{', ' + args if args else ''})"
+    with db.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        return cur.execute(sql, {"max_jobs": max_jobs, **kw}).fetchall()
+
+
+def job(db: psycopg.Connection, job_id: int) -> dict:
+    with db.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        return cur.execute("select * from pgqueue.jobs where id = %s", (job_id,)).fetchone()
+
+
+def expire_lease(db: psycopg.Connection, job_id: int) -> None:
+    db.execute(
+        "update pgqueue.jobs set locked_until = now() - interval '1 second' where id = %s",
+        (job_id,),
+    )
+
+
+def test_eight_concurrent_claimers_drain_ten_thousand_jobs_exactly_once(
+    db: psycopg.Connection, stack: Cluster
+) -> None:
+    enqueue_n(db, 10_000)
+    max_jobs = 25
+    completions: Counter[int] = Counter()
+    largest_claim = 0
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def claimer(n: int) -> None:
+        nonlocal largest_claim
+        try:
+            with stack.connect(autocommit=True) as conn:
+                while True:
+                    rows = conn.execute(
+                        "select id, lock_token from pgqueue.claim(%s, %s)", (f"w{n}", max_jobs)
+                    ).fetchall()
+                    if not rows:
+                        return
+                    ids, tokens = zip(*rows, strict=True)
+                    done = conn.execute(
+                        "select pgqueue.complete_many(%s, %s)", (list(ids), list(tokens))
+                    ).fetchall()
+                    with lock:
+                        largest_claim = max(largest_claim, len(rows))
+                        completions.update(r[0] for r in done)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=claimer, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+
+    assert not errors
+    assert largest_claim <= max_jobs
+    assert len(completions) == 10_000
+    assert set(completions.values()) == {1}, "a job was completed twice"
+    assert db.execute(
+        "select status, attempts, count(*) from pgqueue.jobs group by 1, 2"
+    ).fetchall() == [("done", 1, 10_000)]
+
+
+def test_claim_never_returns_more_than_max_jobs(db: psycopg.Connection) -> None:
+    enqueue_n(db, 50)
+    assert [len(claim(db, n)) for n in (1, 7, 30, 30)] == [1, 7, 30, 12]
+
+
+def test_claim_order_priority_then_due_time(db: psycopg.Connection) -> None:
+    recent = db.execute("select pgqueue.enqueue('k')").fetchone()[0]
+    older = db.execute(
+        "select pgqueue.enqueue('k', run_after => now() - interval '1 hour')"
+    ).fetchone()[0]
+    urgent = db.execute("select pgqueue.enqueue('k', priority => 5)").fetchone()[0]
+    delayed = db.execute(
+        "select pgqueue.enqueue('k', run_after => now() + interval '1 hour')"
+    ).fetchone()[0]
+    assert [j["id"] for j in claim(db, 1)] == [urgent]
+    assert [j["id"] for j in claim(db, 1)] == [older]
+    assert [j["id"] for j in claim(db, 1)] == [recent]
+    assert claim(db, 10) == [], "a delayed job is not runnable before its run_after"
+    assert job(db, delayed)["status"] == "queued"
+
+
+def test_claim_filters_by_kind_and_queue(db: psycopg.Connection) -> None:
+    email = db.execute("select pgqueue.enqueue('email.send')").fetchone()[0]
+    hook = db.execute("select pgqueue.enqueue('webhook.post')").fetchone()[0]
+    other = db.execute("select pgqueue.enqueue('email.send', queue => 'bulk')").fetchone()[0]
+    assert [j["id"] for j in claim(db, 10, kinds=["email.send"])] == [email]
+    assert [j["id"] for j in claim(db, 10, queue="bulk")] == [other]
+    assert [j["id"] for j in claim(db, 10)] == [hook]
+
+
+def test_claim_counts_the_attempt_and_grants_a_lease(db: psycopg.Connection) -> None:
+    db.execute("select pgqueue.enqueue('k')")
+    (claimed,) = claim(db, 1, lease_seconds=42)
+    assert claimed["attempts"] == 1
+    assert claimed["locked_by"] == "test-worker"
+    assert claimed["locked_until"] - claimed["locked_at"] == timedelta(seconds=42)
+    assert claimed["lock_token"] is not None
+
+
+@pytest.mark.parametrize("bad", [0, -1, 10_001])
+def test_claim_rejects_a_bad_batch_size(db: psycopg.Connection, bad: int) -> None:
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="max_jobs must be between"):
+        claim(db, bad)
+
+
+def test_enqueue_is_idempotent_on_its_key(db: psycopg.Connection) -> None:
+    first = db.execute("select pgqueue.enqueue('k', '{\"v\": 1}', idempotency_key => 'order-1')")
+    again = db.execute("select pgqueue.enqueue('k', '{\"v\": 2}', idempotency_key => 'order-1')")
+    assert first.fetchone() == again.fetchone()
+    assert db.execute("select count(*), min(payload->>'v') from pgqueue.jobs").fetchone() == (
+        1,
+        "1",
+    )
+
+
+def test_enqueue_many_returns_ids_in_input_order_and_honours_keys(db: psycopg.Connection) -> None:
+    existing = db.execute("select pgqueue.enqueue('k', idempotency_key => 'a')").fetchone()[0]
+    ids = enqueue_n(db, 0)  # an empty array enqueues nothing
+    assert ids == []
+    jobs = Jsonb(
+        [
+            {"kind": "k", "payload": {"i": 0}},
+            {"kind": "k", "idempotency_key": "a"},
+            {"kind": "k", "idempotency_key": "b", "priority": 3},
+            {"kind": "k", "idempotency_key": "b"},
+            {"kind": "other", "queue": "q2", "max_attempts": 9},
+        ]
+    )
+    ids = [r[0] for r in db.execute("select pgqueue.enqueue_many(%s)", (jobs,))]
+    assert ids[1] == existing
+    assert ids[2] == ids[3] != existing
+    assert len(set(ids)) == 4
+    assert job(db, ids[0])["payload"] == {"i": 0}
+    assert job(db, ids[2])["priority"] == 3
+    last = job(db, ids[4])
+    assert (last["kind"], last["queue"], last["max_attempts"]) == ("other", "q2", 9)
+    assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (4,)
+
+
+def test_enqueue_many_rejects_a_non_array(db: psycopg.Connection) -> None:
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="JSON array"):
+        db.execute('select pgqueue.enqueue_many(\'{"kind": "k"}\')')
+
+
+def test_enqueue_rejects_an_empty_kind(db: psycopg.Connection) -> None:
+    with pytest.raises(psycopg.errors.CheckViolation, match="jobs_kind_check"):
+        db.execute("select pgqueue.enqueue('')")
+
+
+def test_backoff_grows_until_the_last_failure_dead_letters_and_replay_revives(
+    db: psycopg.Connection,
+) -> None:
+    job_id = db.execute("select pgqueue.enqueue('k', max_attempts => 4)").fetchone()[0]
+    delays = []
+    for attempt in range(1, 5):
+        db.execute("update pgqueue.jobs set run_after = now() where id = %s", (job_id,))
+        (claimed,) = claim(db)
+        assert claimed["attempts"] == attempt
+        status = db.execute(
+            "select pgqueue.fail(%s, %s, %s)", (job_id, claimed["lock_token"], f"boom {attempt}")
+        ).fetchone()[0]
+        row = job(db, job_id)
+        if attempt < 4:
+            assert status == "queued"
+            delays.append((row["run_after"] - row["created_at"]).total_seconds())
+        else:
+            assert status == "failed"
+    # 5 s, 10 s, 20 s steps with jitter in the upper half of each step: strictly growing
+    assert delays == sorted(delays) and len(set(delays)) == 3
+    assert 2.5 <= delays[0] <= 5.5 and 5 <= delays[1] <= 10.5 and 10 <= delays[2] <= 20.5
+    dead = job(db, job_id)
+    assert dead["status"] == "failed" and dead["last_error"] == "boom 4"
+    assert dead["finished_at"] is not None and dead["lock_token"] is None
+    assert db.execute("select id, last_error from pgqueue.dead_letters").fetchall() == [
+        (job_id, "boom 4")
+    ]
+
+    assert db.execute("select pgqueue.retry(%s)", (job_id,)).fetchone() == (True,)
+    revived = job(db, job_id)
+    assert (revived["status"], revived["attempts"], revived["finished_at"]) == ("queued", 0, None)
+    assert [j["id"] for j in claim(db)] == [job_id]
+    assert db.execute("select pgqueue.retry(%s)", (job_id,)).fetchone() == (False,)
+
+
+def test_fail_can_dead_letter_at_once_or_retry_after_a_given_delay(db: psycopg.Connection) -> None:
+    a, b = enqueue_n(db, 2)
+    by_id = {j["id"]: j["lock_token"] for j in claim(db, 2)}
+    assert db.execute(
+        "select pgqueue.fail(%s, %s, 'invalid payload', retryable => false)", (a, by_id[a])
+    ).fetchone() == ("failed",)
+    assert db.execute(
+        "select pgqueue.fail(%s, %s, 'rate limited', retry_in => interval '90 seconds')",
+        (b, by_id[b]),
+    ).fetchone() == ("queued",)
+    delay = db.execute("select run_after - now() from pgqueue.jobs where id = %s", (b,)).fetchone()[
+        0
+    ]
+    assert timedelta(seconds=89) < delay <= timedelta(seconds=90)
+
+
+def test_fail_keeps_a_bounded_error(db: psycopg.Connection) -> None:
+    (job_id,) = enqueue_n(db, 1)
+    (claimed,) = claim(db)
+    db.execute("select pgqueue.fail(%s, %s, %s)", (job_id, claimed["lock_token"], "x" * 50_000))
+    assert len(job(db, job_id)["last_error"]) == 10_000
+
+
+def test_stale_token_is_refused_after_the_sweeper_rescues_the_job(db: psycopg.Connection) -> None:
+    (job_id,) = enqueue_n(db, 1)
+    (old,) = claim(db)
+    expire_lease(db, job_id)
+    rescued, dead, _pruned, _woke = db.execute("select * from pgqueue.sweep()").fetchone()
+    assert (rescued, dead) == (1, 0)
+    rescued_job = job(db, job_id)
+    assert rescued_job["status"] == "queued"
+    assert "lease expired" in rescued_job["last_error"]
+    assert rescued_job["run_after"] > rescued_job["created_at"]
+
+    db.execute("update pgqueue.jobs set run_after = now() where id = %s", (job_id,))
+    (new,) = claim(db)
+    assert new["lock_token"] != old["lock_token"] and new["attempts"] == 2
+    token = old["lock_token"]
+    assert db.execute("select pgqueue.complete(%s, %s)", (job_id, token)).fetchone() == (False,)
+    assert db.execute("select pgqueue.fail(%s, %s, 'late')", (job_id, token)).fetchone() == (None,)
+    assert db.execute("select pgqueue.heartbeat(%s, %s)", (job_id, token)).fetchone() == (False,)
+    assert db.execute("select pgqueue.release(%s, %s)", (job_id, token)).fetchone() == (False,)
+    assert db.execute("select pgqueue.complete_many(%s, %s)", ([job_id], [token])).fetchall() == []
+    still = job(db, job_id)
+    assert (still["status"], still["lock_token"]) == ("running", new["lock_token"])
+    assert db.execute(
+        "select pgqueue.complete(%s, %s)", (job_id, new["lock_token"])
+    ).fetchone() == (True,)
+
+
+def test_sweeper_dead_letters_an_expired_job_with_no_attempts_left(
+    db: psycopg.Connection,
+) -> None:
+    db.execute("select pgqueue.enqueue('k', max_attempts => 1)")
+    (claimed,) = claim(db)
+    expire_lease(db, claimed["id"])
+    assert db.execute("select rescued, dead_lettered from pgqueue.sweep()").fetchone() == (0, 1)
+    dead = job(db, claimed["id"])
+    assert dead["status"] == "failed" and "lease expired" in dead["last_error"]
+
+
+def test_sweeper_leaves_valid_and_heartbeated_leases_alone(db: psycopg.Connection) -> None:
+    enqueue_n(db, 2)
+    a, b = claim(db, 2, lease_seconds=1)
+    db.execute("update pgqueue.jobs set locked_until = now() - interval '1 second'")
+    # b's worker heartbeats before the sweeper runs: the lease is extended and b keeps it
+    assert db.execute(
+        "select pgqueue.heartbeat(%s, %s, 300)", (b["id"], b["lock_token"])
+    ).fetchone() == (True,)
+    assert db.execute("select rescued from pgqueue.sweep()").fetchone() == (1,)
+    assert job(db, a["id"])["status"] == "queued"
+    assert job(db, b["id"])["status"] == "running"
+
+
+def test_sweeper_prunes_finished_jobs_past_retention_but_keeps_dead_letters_longer(
+    db: psycopg.Connection,
+) -> None:
+    ids = enqueue_n(db, 4)
+    claimed = {j["id"]: j["lock_token"] for j in claim(db, 4)}
+    for i in ids[:3]:
+        db.execute("select pgqueue.complete(%s, %s)", (i, claimed[i]))
+    db.execute("select pgqueue.fail(%s, %s, 'x', retryable => false)", (ids[3], claimed[ids[3]]))
+    db.execute(
+        "update pgqueue.jobs set finished_at = now() - interval '8 days' where id = any(%s)",
+        ([ids[0], ids[1], ids[3]],),
+    )
+    assert db.execute("select pruned from pgqueue.sweep()").fetchone() == (2,)
+    remaining = [r[0] for r in db.execute("select id from pgqueue.jobs order by id")]
+    assert remaining == [ids[2], ids[3]]
+
+
+def test_cancel_stops_a_queued_job_and_makes_a_running_token_stale(
+    db: psycopg.Connection,
+) -> None:
+    queued, running = enqueue_n(db, 2)
+    db.execute("update pgqueue.jobs set priority = 1 where id = %s", (running,))
+    (claimed,) = claim(db)
+    assert claimed["id"] == running
+    assert db.execute("select pgqueue.cancel(%s)", (queued,)).fetchone() == (True,)
+    assert db.execute("select pgqueue.cancel(%s)", (running,)).fetchone() == (True,)
+    assert db.execute(
+        "select pgqueue.complete(%s, %s)", (running, claimed["lock_token"])
+    ).fetchone() == (False,)
+    assert claim(db) == []
+    assert db.execute("select pgqueue.cancel(%s)", (queued,)).fetchone() == (False,)
+    assert db.execute("select pgqueue.retry(%s)", (queued,)).fetchone() == (True,)
+
+
+def test_release_returns_a_job_without_counting_the_attempt(db: psycopg.Connection) -> None:
+    (job_id,) = enqueue_n(db, 1)
+    (claimed,) = claim(db)
+    assert db.execute(
+        "select pgqueue.release(%s, %s)", (job_id, claimed["lock_token"])
+    ).fetchone() == (True,)
+    assert (job(db, job_id)["status"], job(db, job_id)["attempts"]) == ("queued", 0)
+    assert claim(db)[0]["attempts"] == 1
+
+
+def test_stats_count_jobs_and_the_age_of_the_oldest_runnable(db: psycopg.Connection) -> None:
+    db.execute("select pgqueue.enqueue('a', run_after => now() - interval '10 minutes')")
+    db.execute("select pgqueue.enqueue('a')")
+    db.execute("select pgqueue.enqueue('b', run_after => now() + interval '1 hour')")
+    with db.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        rows = {r["kind"]: r for r in cur.execute("select * from pgqueue.stats")}
+    assert (rows["a"]["jobs"], rows["a"]["runnable"]) == (2, 2)
+    assert rows["a"]["oldest_runnable_age"] >= timedelta(minutes=10)
+    assert (rows["b"]["jobs"], rows["b"]["runnable"], rows["b"]["oldest_runnable_age"]) == (
+        1,
+        0,
+        None,
+    )
+
+
+ROLES = ["anon", "authenticated"]
+
+
+def queue_functions(db: psycopg.Connection) -> list[tuple[str, int]]:
+    return db.execute(
+        "select p.oid::regprocedure::text, p.pronargs from pg_proc as p"
+        " where p.pronamespace = 'pgqueue'::regnamespace order by 1"
+    ).fetchall()
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_api_roles_can_neither_read_the_table_nor_execute_any_function(
+    db: psycopg.Connection, role: str
+) -> None:
+    db.execute("select pgqueue.enqueue('secret.kind')")
+    functions = queue_functions(db)
+    assert len(functions) >= 12
+    for relation in ("pgqueue.jobs", "pgqueue.stats", "pgqueue.dead_letters"):
+        with db.transaction(force_rollback=True):
+            db.execute(f"set local role {role}")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                db.execute(f"select * from {relation}")
+    for signature, nargs in functions:
+        name = signature.split("(")[0]
+        call = f"select {name}({', '.join(['null'] * nargs)})"
+        if name.endswith("jobs_wake_workers"):
+            call = f"select {name}()"  # a trigger function: refused before it runs
+        with db.transaction(force_rollback=True):
+            db.execute(f"set local role {role}")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                db.execute(call)
+
+
+def test_service_role_has_exactly_the_worker_api(db: psycopg.Connection) -> None:
+    allowed = {
+        sig
+        for sig, _ in queue_functions(db)
+        if db.execute(
+            "select has_function_privilege('service_role', %s, 'execute')", (sig,)
+        ).fetchone()[0]
+    }
+    assert {s.split("(")[0].removeprefix("pgqueue.") for s in allowed} == {
+        "enqueue",
+        "enqueue_many",
+        "claim",
+        "complete",
+        "complete_many",
+        "fail",
+        "heartbeat",
+        "release",
+        "retry",
+        "cancel",
+        "sweep",
+    }
+    with db.transaction(force_rollback=True):
+        db.execute("set local role service_role")
+        job_id = db.execute("select pgqueue.enqueue('from.service')").fetchone()[0]
+        assert db.execute("select count(*) from pgqueue.stats").fetchone()[0] == 1
+        (claimed,) = claim(db)
+        assert claimed["id"] == job_id
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            db.execute("update pgqueue.jobs set status = 'done'")
+
+
+def test_every_security_definer_function_pins_an_empty_search_path(
+    db: psycopg.Connection,
+) -> None:
+    rows = db.execute(
+        "select p.proname, p.proconfig from pg_proc as p"
+        " where p.pronamespace = 'pgqueue'::regnamespace and p.prosecdef"
+    ).fetchall()
+    assert len(rows) >= 12
+    assert [name for name, config in rows if config != ['search_path=""']] == []

@@ -1,0 +1,129 @@
+"""Rendering: every variant from copier.yml renders cleanly; bad answers are refused."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support.project import questions, render, rendered_files, run
+
+JINJA_LEFTOVER = re.compile(r"{{|}}|{%|%}|{#|#}")
+
+
+def choices(question: str) -> list[str]:
+    return list(questions()[question]["choices"].values())
+
+
+VARIANTS = [
+    {"worker_style": style, "claim_transport": transport}
+    for style, transport in itertools.product(choices("worker_style"), choices("claim_transport"))
+    if style != "edge" or transport == choices("claim_transport")[0]
+]
+
+
+def variant_id(answers: dict) -> str:
+    if answers["worker_style"] == "edge":
+        return "edge"
+    return f"{answers['worker_style']}-{answers['claim_transport']}"
+
+
+def assert_clean(project: Path) -> None:
+    files = rendered_files(project)
+    assert files
+    leftovers = [
+        f"{path.relative_to(project)}:{n}: {line.strip()}"
+        for path in files
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if JINJA_LEFTOVER.search(line) and not path.name.endswith(".yml")
+    ]
+    assert leftovers == [], "leftover Jinja in rendered files"
+    assert not [p for p in files if p.suffix in (".jinja", ".rej", ".orig")]
+    run(["ruff", "check", "."], cwd=project)
+    run(["ruff", "format", "--check", "."], cwd=project)
+
+
+@pytest.mark.parametrize("answers", VARIANTS, ids=variant_id)
+def test_every_variant_renders_cleanly(template: Path, tmp_path: Path, answers: dict) -> None:
+    project = render(template, tmp_path / "app", **answers)
+    assert_clean(project)
+    recorded = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    assert recorded["worker_style"] == answers["worker_style"]
+    assert recorded["_commit"]
+    migrations = sorted((project / "supabase/migrations").glob("*.sql"))
+    assert [m.name[:14].isdigit() and m.name[14] == "_" for m in migrations] == [True] * 4
+
+
+def test_non_default_answers_reach_every_file(template: Path, tmp_path: Path) -> None:
+    project = render(
+        template,
+        tmp_path / "billing",
+        project_name="Billing Jobs",
+        queue_schema="billing_q",
+        service_key_setting="billing.key",
+        worker_url_setting="billing.url",
+        worker_style="python-http",
+        worker_url="https://worker.example.com/wake",
+    )
+    assert_clean(project)
+    assert (project / "supabase/config.toml").read_text().count('"billing_q"') == 1
+    assert 'project_id = "billing-jobs"' in (project / "supabase/config.toml").read_text()
+    sql = "\n".join(p.read_text() for p in (project / "supabase").rglob("*.sql"))
+    assert "pgqueue" not in sql
+    assert "current_setting('billing.key', true)" in sql
+    assert "current_setting('billing.url', true)" in sql
+    assert "'https://worker.example.com/wake'" in sql
+
+
+BAD_ANSWERS = [
+    ("queue_schema", "x; drop table jobs", "plain SQL identifier"),
+    ("queue_schema", "Jobs", "plain SQL identifier"),
+    ("queue_schema", "public", "reserved"),
+    ("queue_schema", "pg_jobs", "reserved"),
+    ("project_slug", "../evil", "must start with a lowercase letter"),
+    ("project_slug", "My App", "must start with a lowercase letter"),
+    ("package_name", "my-app", "lowercase Python identifier"),
+    ("package_name", "import", "keyword"),
+    ("project_name", "", "must not be empty"),
+    ("project_name", 'x"; rm -rf /', "must not contain quotes"),
+    ("worker_url", "http://x/'; drop table pgqueue.jobs; --", "http:// or https:// URL"),
+    ("worker_url", "ftp://example.com/wake", "http:// or https:// URL"),
+    ("worker_url", "http://user:pass@example.com/wake", "http:// or https:// URL"),
+    ("worker_url", "https://example.com/wake?key=secret", "http:// or https:// URL"),
+    ("service_key_setting", "service_role_key", "two lowercase identifiers joined by a dot"),
+    ("service_key_setting", "app.key'; select 1", "two lowercase identifiers"),
+    ("service_key_setting", "app.pgqueue_worker_url", "must be different"),
+    ("worker_url_setting", "url", "two lowercase identifiers joined by a dot"),
+    ("max_attempts", 0, "between 1 and 100"),
+    ("lease_seconds", 5, "between 10 and"),
+    ("sweep_schedule", "30 seconds", "five cron fields"),
+    ("sweep_schedule", "* * * *", "five cron fields"),
+    ("sweep_schedule", "* * * * *'; drop", "five cron fields"),
+    ("retention_days", 0, "between 1 and"),
+    ("worker_style", "celery", "celery"),
+    ("edge_function_name", "Job_Worker", "lowercase letters, digits and single dashes"),
+]
+
+
+@pytest.mark.parametrize(
+    ("question", "value", "message"),
+    BAD_ANSWERS,
+    ids=[f"{q}={v!r}" for q, v, _ in BAD_ANSWERS],
+)
+def test_bad_answers_are_refused_with_a_message(
+    template: Path, tmp_path: Path, question: str, value: object, message: str
+) -> None:
+    extra = {"worker_style": "edge"} if question == "edge_function_name" else {}
+    with pytest.raises(ValueError, match=re.escape(message)) as refused:
+        render(template, tmp_path / "app", **extra, **{question: value})
+    assert question in str(refused.value)
+    assert not (tmp_path / "app" / "supabase").exists(), "nothing is rendered for a bad answer"
+
+
+def test_every_question_has_a_validator_or_fixed_choices() -> None:
+    for name, spec in questions().items():
+        assert "validator" in spec or "choices" in spec, f"{name} accepts anything"
+        assert spec.get("help"), f"{name} has no help text"
