@@ -69,8 +69,9 @@ def test_non_default_answers_reach_every_file(template: Path, tmp_path: Path) ->
         worker_url="https://worker.example.com/wake",
     )
     assert_clean(project)
-    assert (project / "supabase/config.toml").read_text().count('"billing_q"') == 1
-    assert 'project_id = "billing-jobs"' in (project / "supabase/config.toml").read_text()
+    config = (project / "supabase/config.toml").read_text()
+    assert 'schemas = ["public", "graphql_public", "billing_q"]' in config
+    assert 'project_id = "billing-jobs"' in config
     sql = "\n".join(p.read_text() for p in (project / "supabase").rglob("*.sql"))
     assert "pgqueue" not in sql
     assert "current_setting('billing.key', true)" in sql
