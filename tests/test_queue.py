@@ -412,3 +412,23 @@ def test_every_security_definer_function_pins_an_empty_search_path(
     ).fetchall()
     assert len(rows) >= 12
     assert [name for name, config in rows if config != ['search_path=""']] == []
+
+
+def test_claims_and_sweeps_are_served_by_their_partial_indexes(db: psycopg.Connection) -> None:
+    enqueue_n(db, 20_000)
+    db.execute(
+        "update pgqueue.jobs set status = 'done', finished_at = now() where id % 4 <> 0;"
+        "analyze pgqueue.jobs"
+    )
+    plans = {
+        "jobs_claim_idx": "select id from pgqueue.jobs where status = 'queued'"
+        " and queue = 'default' and run_after <= now()"
+        " order by priority desc, run_after, id limit 10 for update skip locked",
+        "jobs_lease_expiry_idx": "select id from pgqueue.jobs"
+        " where status = 'running' and locked_until < now()",
+        "jobs_finished_idx": "select id from pgqueue.jobs where status in ('done', 'cancelled')"
+        " and finished_at < now() - interval '7 days' limit 10000",
+    }
+    for index, query in plans.items():
+        plan = "\n".join(r[0] for r in db.execute(f"explain {query}"))
+        assert index in plan, plan
