@@ -11,7 +11,8 @@ import yaml
 
 from tests.support.project import questions, render, rendered_files, run
 
-JINJA_LEFTOVER = re.compile(r"{{|}}|{%|%}|{#|#}")
+# "}}" alone is ordinary JSON; a leftover Jinja expression or tag always has an opening.
+JINJA_LEFTOVER = re.compile(r"{{|{%|%}|{#")
 
 
 def choices(question: str) -> list[str]:
