@@ -78,3 +78,19 @@ def test_readme_names_only_files_that_exist(generated: Path) -> None:
     assert named, "the README points at the project's files"
     missing = sorted(p for p in named if not (generated / p.rstrip("/")).exists())
     assert missing == []
+
+
+def test_pre_commit_checks_the_edge_function_with_deno(template: Path, tmp_path: Path) -> None:
+    project = render(template, tmp_path / "app", worker_style="edge")
+    run(["git", "init", "-q", "-b", "main"], cwd=project)
+    handler = project / "supabase/functions/job-worker/handlers/send_email.ts"
+    handler.write_text(handler.read_text() + "\nexport   const  sloppy   =   1\n")
+    run(["git", "add", "-A"], cwd=project)
+    proc = subprocess.run(
+        ["pre-commit", "run", "deno-fmt", "--all-files"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode != 0
+    assert "send_email.ts" in proc.stdout

@@ -1,0 +1,119 @@
+// Machinery: the HTTP side. The database's wake-up (pg_net) is a POST with
+// `Authorization: Bearer <service key>` and a body like {"reason": "enqueue", "queues":
+// ["default"]}. The reply (202) goes out at once; the jobs run after it, for as long as the
+// Edge runtime keeps the function alive for them (EdgeRuntime.waitUntil).
+import { bearerCheck } from "./auth.ts";
+import type { HandlerMap } from "./job.ts";
+import type { Queue } from "./queue.ts";
+import { FUNCTION_NAME, type Settings } from "./settings.ts";
+import { describe, drain, type DrainSummary, type LogEvent, logJson } from "./worker.ts";
+
+export interface WakeHandlerOptions {
+  settings: Settings;
+  queue: Queue;
+  handlers: HandlerMap;
+  /**
+   * Keeps the function alive until `work` settles. Defaults to the Edge runtime's
+   * EdgeRuntime.waitUntil; elsewhere (plain `deno run`) the work simply goes on.
+   */
+  waitUntil?: (work: Promise<unknown>) => void;
+  log?: (event: LogEvent) => void;
+  /** Called with each wake-up's summary once its work is over. */
+  onDrained?: (summary: DrainSummary) => void;
+}
+
+declare const EdgeRuntime:
+  | { waitUntil(work: Promise<unknown>): void }
+  | undefined;
+
+function edgeRuntimeWaitUntil(): ((work: Promise<unknown>) => void) | undefined {
+  return typeof EdgeRuntime === "undefined" ? undefined : (work) => EdgeRuntime?.waitUntil(work);
+}
+
+export function createWakeHandler(
+  options: WakeHandlerOptions,
+): (request: Request) => Promise<Response> {
+  const { settings, handlers } = options;
+  const log = options.log ?? logJson;
+  const waitUntil = options.waitUntil ?? edgeRuntimeWaitUntil();
+  const isAuthorized = bearerCheck(settings.serviceKeys);
+  const workerId = `${FUNCTION_NAME}:${crypto.randomUUID().slice(0, 8)}`;
+
+  return async (request) => {
+    if (request.method !== "POST") {
+      return reply(405, { error: "Use POST to wake the worker." }, {
+        Allow: "POST",
+      });
+    }
+    if (!(await isAuthorized(request.headers.get("authorization")))) {
+      await request.body?.cancel();
+      return reply(403, {
+        error: "Forbidden: send `Authorization: Bearer <service key>` with the " +
+          "key this function runs with.",
+      });
+    }
+    let wake: Wake;
+    try {
+      wake = parseWake(await request.text());
+    } catch (error) {
+      return reply(400, { error: (error as Error).message });
+    }
+
+    const work = drain(wake.queues, {
+      queue: options.queue,
+      handlers,
+      workerId,
+      batchSize: settings.batchSize,
+      leaseSeconds: settings.leaseSeconds,
+      timeBudgetMs: settings.timeBudgetMs,
+      log,
+    }).then((summary) => {
+      log({ event: "drain.end", reason: wake.reason, queues: wake.queues, ...summary });
+      options.onDrained?.(summary);
+    }).catch((error) => log({ event: "drain.error", error: describe(error) }));
+    waitUntil?.(work);
+    return reply(202, { accepted: true, queues: wake.queues, worker: workerId });
+  };
+}
+
+interface Wake {
+  reason: string;
+  queues: string[];
+}
+
+/** The wake-up's body; an empty body (e.g. a manual curl) means the default queue. */
+export function parseWake(body: string): Wake {
+  const usage = 'The body must be empty or JSON like {"queues": ["default"]}';
+  if (body.trim() === "") return { reason: "manual", queues: ["default"] };
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(body);
+  } catch {
+    throw new Error(`${usage}; it is not JSON.`);
+  }
+  if (!parsed || typeof parsed !== "object" || Array.isArray(parsed)) {
+    throw new Error(`${usage}; got ${body.slice(0, 200)}`);
+  }
+  const { reason, queues } = parsed as Record<string, unknown>;
+  if (queues === undefined || queues === null) {
+    return { reason: String(reason ?? "manual"), queues: ["default"] };
+  }
+  if (
+    !Array.isArray(queues) || queues.length === 0 ||
+    !queues.every((queue) => typeof queue === "string" && queue !== "")
+  ) {
+    throw new Error(`${usage}; "queues" must be a list of queue names.`);
+  }
+  return { reason: String(reason ?? "manual"), queues };
+}
+
+function reply(
+  status: number,
+  body: unknown,
+  headers: Record<string, string> = {},
+): Response {
+  return new Response(JSON.stringify(body), {
+    status,
+    headers: { "Content-Type": "application/json", ...headers },
+  });
+}

@@ -1,0 +1,12 @@
+// The job worker: the database POSTs here when jobs arrive (pg_net), and the function runs
+// them. Your code goes in handlers/; the rest is machinery you should not need to touch.
+import { handlers } from "./handlers/mod.ts";
+import { createWakeHandler } from "./http.ts";
+import { supabaseQueue } from "./queue.ts";
+import { loadSettings } from "./settings.ts";
+
+const settings = loadSettings();
+
+Deno.serve(
+  createWakeHandler({ settings, handlers, queue: supabaseQueue(settings) }),
+);

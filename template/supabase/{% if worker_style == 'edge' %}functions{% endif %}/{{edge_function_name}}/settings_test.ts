@@ -1,0 +1,71 @@
+import assert from "node:assert/strict";
+import { loadSettings, SettingsError } from "./settings.ts";
+
+const base = {
+  SUPABASE_URL: "http://127.0.0.1:54321",
+  SUPABASE_SERVICE_ROLE_KEY: "service-role-jwt",
+};
+
+function env(values: Record<string, string>) {
+  return (name: string) => values[name];
+}
+
+Deno.test("the Edge runtime's variables are enough", () => {
+  const settings = loadSettings(env(base));
+  assert.equal(settings.supabaseUrl, base.SUPABASE_URL);
+  assert.deepEqual(settings.serviceKeys, ["service-role-jwt"]);
+  assert.ok(settings.timeBudgetMs < 150_000, "must stop before the free plan's 150 s limit");
+  assert.ok(settings.batchSize >= 1);
+});
+
+Deno.test("a worker key and the new secret keys come before the legacy key", () => {
+  const settings = loadSettings(env({
+    ...base,
+    PGQUEUE_SERVICE_KEY: "custom",
+    SUPABASE_SECRET_KEYS: JSON.stringify({ default: "sb_secret_a", other: "sb_secret_b" }),
+  }));
+  assert.deepEqual(settings.serviceKeys, [
+    "custom",
+    "sb_secret_a",
+    "sb_secret_b",
+    "service-role-jwt",
+  ]);
+});
+
+Deno.test("numbers and the schema are read from the environment", () => {
+  const settings = loadSettings(env({
+    ...base,
+    PGQUEUE_SCHEMA: "jobs",
+    PGQUEUE_BATCH_SIZE: "25",
+    PGQUEUE_LEASE_SECONDS: "60",
+    PGQUEUE_TIME_BUDGET_SECONDS: "30",
+  }));
+  assert.equal(settings.schema, "jobs");
+  assert.equal(settings.batchSize, 25);
+  assert.equal(settings.leaseSeconds, 60);
+  assert.equal(settings.timeBudgetMs, 30_000);
+});
+
+Deno.test("errors name the variable and what to do", () => {
+  assert.throws(() => loadSettings(env({})), (error: Error) => {
+    assert.ok(error instanceof SettingsError);
+    assert.match(error.message, /SUPABASE_URL is not set/);
+    return true;
+  });
+  assert.throws(
+    () => loadSettings(env({ SUPABASE_URL: base.SUPABASE_URL })),
+    /SUPABASE_SERVICE_ROLE_KEY/,
+  );
+  assert.throws(
+    () => loadSettings(env({ ...base, PGQUEUE_BATCH_SIZE: "ten" })),
+    /PGQUEUE_BATCH_SIZE must be a whole number from 1 to 1000; got "ten"/,
+  );
+  assert.throws(
+    () => loadSettings(env({ ...base, PGQUEUE_SCHEMA: "bad-name" })),
+    /PGQUEUE_SCHEMA must be a plain schema name/,
+  );
+  assert.throws(
+    () => loadSettings(env({ ...base, SUPABASE_SECRET_KEYS: "sb_secret_x" })),
+    /SUPABASE_SECRET_KEYS must be a JSON object/,
+  );
+});

@@ -1,0 +1,73 @@
+// Test helpers (used by the *_test.ts files only): an in-memory queue that follows the SQL
+// functions' rules for claims, lock tokens and attempts.
+import type { ClaimedJob, ClaimOptions, FailOutcome, Queue } from "./queue.ts";
+
+export interface StoredJob extends ClaimedJob {
+  status: "queued" | "running" | "done" | "failed";
+  lastError: string | null;
+}
+
+export class MemoryQueue implements Queue {
+  jobs: StoredJob[] = [];
+  claims: ClaimOptions[] = [];
+  /** Called before each claim, e.g. to move a fake clock on or to throw. */
+  beforeClaim: (options: ClaimOptions) => void = () => {};
+
+  add(kind: string, payload: unknown = {}, options: { queue?: string; maxAttempts?: number } = {}) {
+    const job: StoredJob = {
+      id: this.jobs.length + 1,
+      queue: options.queue ?? "default",
+      kind,
+      payload,
+      attempts: 0,
+      max_attempts: options.maxAttempts ?? 5,
+      lock_token: "",
+      status: "queued",
+      lastError: null,
+    };
+    this.jobs.push(job);
+    return job;
+  }
+
+  byStatus(status: StoredJob["status"]): number[] {
+    return this.jobs.filter((job) => job.status === status).map((job) => job.id);
+  }
+
+  claim(options: ClaimOptions): Promise<ClaimedJob[]> {
+    this.claims.push(options);
+    this.beforeClaim(options);
+    const claimed = this.jobs
+      .filter((job) =>
+        job.status === "queued" && job.queue === options.queue &&
+        options.kinds.includes(job.kind)
+      )
+      .slice(0, options.maxJobs);
+    for (const job of claimed) {
+      job.status = "running";
+      job.attempts += 1;
+      job.lock_token = crypto.randomUUID();
+    }
+    return Promise.resolve(claimed.map((job) => ({ ...job })));
+  }
+
+  completeMany(jobs: readonly ClaimedJob[]): Promise<number[]> {
+    const done = jobs.map((claimed) => this.holder(claimed)).filter((job) => job !== undefined);
+    for (const job of done) job.status = "done";
+    return Promise.resolve(done.map((job) => job.id));
+  }
+
+  fail(claimed: ClaimedJob, error: string, retryable: boolean): Promise<FailOutcome> {
+    const job = this.holder(claimed);
+    if (job === undefined) return Promise.resolve(null);
+    job.status = retryable && job.attempts < job.max_attempts ? "queued" : "failed";
+    job.lastError = error;
+    return Promise.resolve(job.status);
+  }
+
+  /** The stored job, if `claimed` still holds its lease. */
+  private holder(claimed: ClaimedJob): StoredJob | undefined {
+    return this.jobs.find((job) =>
+      job.id === claimed.id && job.status === "running" && job.lock_token === claimed.lock_token
+    );
+  }
+}

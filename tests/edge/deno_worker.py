@@ -1,0 +1,146 @@
+"""Deno from PyPI, and the rendered Edge Function run with it as a local process."""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from tests.support.postgrest import PostgRESTStandIn, make_jwt
+
+FUNCTION = "job-worker"
+# Settings the worker reads; the outer environment must not leak into the function's.
+WORKER_ENV_PREFIXES = ("SUPABASE_", "PGQUEUE_", "DENO_SERVE_ADDRESS")
+
+
+@dataclass
+class Deno:
+    """The Deno binary from PyPI's `deno` package, with one npm cache for the whole session."""
+
+    binary: str
+    cache: Path
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(WORKER_ENV_PREFIXES)}
+        return env | {
+            "DENO_DIR": str(self.cache),
+            "DENO_NO_UPDATE_CHECK": "1",
+            "NO_COLOR": "1",
+            **extra,
+        }
+
+    def run(self, *args: str, cwd: Path, timeout: float = 180) -> str:
+        """Run a deno command; fail the test with its output when it exits non-zero."""
+        proc = subprocess.run(
+            [self.binary, *args],
+            cwd=cwd,
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        assert proc.returncode == 0, (
+            f"deno {' '.join(args)} exited {proc.returncode} in {cwd}\n"
+            f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+        )
+        return proc.stdout + proc.stderr
+
+
+@dataclass
+class EdgeWorker:
+    """The rendered function's own index.ts, served by `deno run` on 127.0.0.1."""
+
+    process: subprocess.Popen
+    url: str
+    key: str
+    lines: list[str] = field(default_factory=list)
+
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+
+def start_edge_worker(
+    deno: Deno, function_dir: Path, api: PostgRESTStandIn, **settings: str
+) -> EdgeWorker:
+    """Start index.ts with the environment the Edge runtime gives it, pointed at `api`."""
+    key = make_jwt("service_role")
+    env = deno.env(
+        SUPABASE_URL=api.url,
+        SUPABASE_SERVICE_ROLE_KEY=key,
+        # Deno.serve() in index.ts listens where this says (port 0: any free port).
+        DENO_SERVE_ADDRESS="tcp:127.0.0.1:0",
+        **settings,
+    )
+    process = subprocess.Popen(
+        [deno.binary, "run", "--allow-net=127.0.0.1", "--allow-env", "index.ts"],
+        cwd=function_dir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    worker = EdgeWorker(process, url="", key=key)
+    listening: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            worker.lines.append(line.rstrip("\n"))
+            if line.startswith("Listening on "):
+                listening.put(line.split()[-1])
+
+    threading.Thread(target=read, name="deno output", daemon=True).start()
+    deadline = time.monotonic() + 120  # the first run downloads the npm packages
+    while not worker.url:
+        try:
+            worker.url = listening.get(timeout=0.2).rstrip("/") + f"/{FUNCTION}"
+        except queue.Empty:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                raise RuntimeError(f"the edge worker did not start:\n{worker.output()}") from None
+    return worker
+
+
+def stop_edge_worker(worker: EdgeWorker) -> None:
+    worker.process.terminate()
+    try:
+        worker.process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        worker.process.kill()
+        worker.process.wait()
+
+
+class SlowReceiver:
+    """A webhook receiver on 127.0.0.1 that takes `delay` seconds to answer 200."""
+
+    def __init__(self, delay: float) -> None:
+        self.hits = 0
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                time.sleep(delay)
+                receiver.hits += 1
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/hook"
+
+    def __enter__(self) -> SlowReceiver:
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()

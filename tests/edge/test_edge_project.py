@@ -1,0 +1,104 @@
+"""The rendered Edge Function: present only in the edge variant, and passing its own checks
+(`deno fmt --check`, `deno lint`, `deno check`, `deno test`)."""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.support.project import questions, render, rendered_files
+
+from .deno_worker import Deno
+
+STYLES = list(questions()["worker_style"]["choices"].values())
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_only_the_edge_style_has_a_function(template: Path, tmp_path: Path, style: str) -> None:
+    project = render(template, tmp_path / "app", worker_style=style)
+    config = tomllib.loads((project / "supabase" / "config.toml").read_text())
+    if style == "edge":
+        assert (project / "supabase" / "functions" / "job-worker" / "index.ts").is_file()
+        # The wake-up's bearer may be a secret key that is not a JWT (sb_secret_...), so the
+        # gateway must let it through; the function checks the key itself.
+        assert config["functions"] == {"job-worker": {"enabled": True, "verify_jwt": False}}
+    else:
+        assert not (project / "supabase" / "functions").exists()
+        assert not [p for p in rendered_files(project) if p.suffix == ".ts"]
+        assert "functions" not in config
+
+
+def test_edge_function_layout(function_dir: Path) -> None:
+    files = {p.relative_to(function_dir).as_posix() for p in rendered_files(function_dir)}
+    assert {
+        "README.md",
+        "index.ts",
+        "deno.json",
+        "handlers/mod.ts",
+        "handlers/send_email.ts",
+        "handlers/send_webhook.ts",
+    } <= files
+    # One module per job kind, each with its tests, and all of them in the handler map.
+    handler_map = (function_dir / "handlers" / "mod.ts").read_text()
+    for kind in ("send_email", "send_webhook"):
+        assert f"handlers/{kind}_test.ts" in files
+        assert f'from "./{kind}.ts"' in handler_map
+    assert not [f for f in files if f.endswith(".jinja")]
+
+
+def test_edge_function_imports_only_pinned_npm_packages(function_dir: Path) -> None:
+    config = json.loads((function_dir / "deno.json").read_text())
+    for name, target in config["imports"].items():
+        assert re.fullmatch(r"npm:(@[\w.-]+/)?[\w.-]+@\d+\.\d+\.\d+", target), (name, target)
+    # No deno.lock: Supabase CLIs older than early 2026 refuse to bundle a function next to
+    # the lockfile v5 that Deno 2.2+ writes; the exact versions above pin it instead.
+    assert config["lock"] is False
+    # Every import statement (also one spread over lines, or with only a side effect), and
+    # dynamic imports: local modules, node: built-ins, or a name from the import map.
+    statement = re.compile(
+        r'^(?:import|export)\b[^;]*?\bfrom\s*"([^"]+)"|^import\s*"([^"]+)"|\bimport\(\s*"([^"]+)"',
+        re.M,
+    )
+    specifiers = {
+        source.relative_to(function_dir).as_posix(): [
+            "".join(groups) for groups in statement.findall(source.read_text())
+        ]
+        for source in function_dir.rglob("*.ts")
+    }
+    assert "@supabase/supabase-js" in specifiers["queue.ts"]
+    assert "zod" in specifiers["job.ts"]
+    for source, imported in specifiers.items():
+        for specifier in imported:
+            local = specifier.startswith(("./", "../", "node:"))
+            assert local or specifier in config["imports"], f"{source} imports {specifier}"
+
+
+def test_rendered_function_passes_its_own_checks(deno: Deno, function_dir: Path) -> None:
+    deno.run("fmt", "--check", cwd=function_dir)
+    deno.run("lint", cwd=function_dir)
+    deno.run("check", ".", cwd=function_dir)
+    output = deno.run("task", "test", cwd=function_dir)
+    match = re.search(r"ok \| (\d+) passed \| 0 failed", output)
+    assert match and int(match[1]) >= 20, output
+
+
+def test_answers_reach_the_function(template: Path, tmp_path: Path, deno: Deno) -> None:
+    project = render(
+        template,
+        tmp_path / "app",
+        worker_style="edge",
+        edge_function_name="jobs-runner",
+        queue_schema="background_jobs",
+        lease_seconds=45,
+    )
+    function_dir = project / "supabase" / "functions" / "jobs-runner"
+    settings = (function_dir / "settings.ts").read_text()
+    assert 'export const FUNCTION_NAME = "jobs-runner";' in settings
+    assert 'const DEFAULT_SCHEMA = "background_jobs";' in settings
+    assert "const DEFAULT_LEASE_SECONDS = 45;" in settings
+    deno.run("fmt", "--check", cwd=function_dir)
+    deno.run("lint", cwd=function_dir)

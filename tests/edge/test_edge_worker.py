@@ -1,0 +1,214 @@
+"""End to end: jobs INSERTed into the queue wake the Edge Function through the pg_net
+stand-in; the function (its own index.ts under `deno run`) claims them with supabase-js
+through the PostgREST stand-in, runs the handlers and completes or fails each job."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from tests.support.http_sink import HttpSink
+from tests.support.pg_net import PgNetWorker
+from tests.support.postgrest import PostgRESTStandIn
+
+from .deno_worker import Deno, EdgeWorker, SlowReceiver, start_edge_worker, stop_edge_worker
+
+
+def point_wakeups_at(db: psycopg.Connection, worker: EdgeWorker, key: str | None = None) -> None:
+    """What `alter database ... set` does on a real project, for this session only."""
+    db.execute("select set_config('app.pgqueue_worker_url', %s, false)", (worker.url,))
+    db.execute("select set_config('app.service_role_key', %s, false)", (key or worker.key,))
+
+
+def insert_jobs(db: psycopg.Connection, *jobs: dict) -> list[int]:
+    """One INSERT statement (so one wake-up) of jobs given as kind/payload/max_attempts."""
+    rows = db.execute(
+        """
+        insert into pgqueue.jobs (kind, payload, max_attempts)
+        select j.kind, j.payload, coalesce(j.max_attempts, 5)
+        from jsonb_to_recordset(%s) as j(kind text, payload jsonb, max_attempts int)
+        returning id
+        """,
+        (Jsonb(list(jobs)),),
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def wait_for_jobs(
+    db: psycopg.Connection, condition: str, worker: EdgeWorker, timeout: float = 30
+) -> list[tuple]:
+    """Poll until every job matches `condition` (SQL on pgqueue.jobs); return the jobs."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pending = db.execute(f"select count(*) from pgqueue.jobs where not ({condition})")
+        if pending.fetchone()[0] == 0:
+            return db.execute(
+                "select id, kind, status, attempts, last_error, locked_by"
+                " from pgqueue.jobs order by id"
+            ).fetchall()
+        if time.monotonic() > deadline:
+            jobs = db.execute("select * from pgqueue.jobs order by id").fetchall()
+            pytest.fail(f"jobs never matched {condition!r}:\n{jobs}\n--- worker\n{worker.output()}")
+        time.sleep(0.05)
+
+
+def wake_responses(db: psycopg.Connection) -> list[int | None]:
+    return [r[0] for r in db.execute("select status_code from net._http_response order by id")]
+
+
+@pytest.fixture
+def receiver() -> Iterator[HttpSink]:
+    with HttpSink(status=200) as sink:
+        yield sink
+
+
+def test_inserted_jobs_wake_the_function_and_all_end_done(
+    db: psycopg.Connection, pg_net: PgNetWorker, edge_worker: EdgeWorker, receiver: HttpSink
+) -> None:
+    point_wakeups_at(db, edge_worker)
+    emails = [
+        {"kind": "send_email", "payload": {"to": f"u{i}@example.com", "subject": "Hi", "text": "."}}
+        for i in range(25)
+    ]
+    hooks = [
+        {"kind": "send_webhook", "payload": {"url": receiver.url, "body": {"order": i}}}
+        for i in range(5)
+    ]
+    ids = insert_jobs(db, *emails, *hooks)
+
+    jobs = wait_for_jobs(db, "status = 'done'", edge_worker)
+
+    assert [j[0] for j in jobs] == ids
+    assert all(attempts == 1 and error is None for _, _, _, attempts, error, _ in jobs)
+    assert all(locked_by.startswith("job-worker:") for *_, locked_by in jobs)
+    # One statement, one wake-up, answered at once with 202.
+    pg_net.wait_idle()
+    assert wake_responses(db) == [202]
+    # The webhooks really went out, each with the job's idempotency key.
+    assert sorted(r.json()["order"] for r in receiver.requests) == list(range(5))
+    hook_ids = {f"send_webhook-{i}" for i in ids[25:]}
+    keys = {
+        v for r in receiver.requests for k, v in r.headers.items() if k.lower() == "idempotency-key"
+    }
+    assert keys == hook_ids
+
+
+def test_a_throwing_handler_is_retried_then_dead_lettered(
+    db: psycopg.Connection, pg_net: PgNetWorker, edge_worker: EdgeWorker
+) -> None:
+    point_wakeups_at(db, edge_worker)
+    with HttpSink(status=500) as broken:
+        failing, invalid, fine = insert_jobs(
+            db,
+            {"kind": "send_webhook", "payload": {"url": broken.url}, "max_attempts": 3},
+            {"kind": "send_email", "payload": {"to": "nobody", "subject": "", "text": ""}},
+            {"kind": "send_email", "payload": {"to": "a@example.com", "subject": "Hi", "text": ""}},
+        )
+
+        # The batch went on past the failures: the good job is done, the invalid payload is
+        # dead-lettered at once, the webhook is back in the queue with its error stored.
+        wait_for_jobs(
+            db,
+            f"""case id when {failing} then status = 'queued' and attempts = 1
+                        when {invalid} then status = 'failed' and attempts = 1
+                        when {fine} then status = 'done' end""",
+            edge_worker,
+        )
+        invalid_error = db.execute("select last_error from pgqueue.jobs where id = %s", (invalid,))
+        assert "invalid payload for send_email" in invalid_error.fetchone()[0]
+
+        for attempt in (2, 3):
+            # Skip the backoff, then let the sweeper re-wake the function, as it does each
+            # minute while runnable jobs wait.
+            db.execute("update pgqueue.jobs set run_after = now() where id = %s", (failing,))
+            assert db.execute("select woke from pgqueue.sweep()").fetchone()[0] is True
+            expected = "queued" if attempt < 3 else "failed"
+            wait_for_jobs(
+                db,
+                f"id <> {failing} or (status = '{expected}' and attempts = {attempt})",
+                edge_worker,
+            )
+
+    assert len(broken.requests) == 3
+    dead = db.execute("select id, attempts, last_error from pgqueue.dead_letters").fetchall()
+    assert sorted(d[0] for d in dead) == sorted([failing, invalid])
+    error = next(d[2] for d in dead if d[0] == failing)
+    assert f"POST {broken.url} answered 500" in error
+    assert "send_webhook.ts" in error, "the stored error says where it was thrown"
+
+
+def test_a_wrong_bearer_gets_403_and_claims_nothing(
+    db: psycopg.Connection, pg_net: PgNetWorker, edge_worker: EdgeWorker
+) -> None:
+    for headers in (
+        {"Authorization": "Bearer not-the-service-key"},
+        {"Authorization": f"Basic {edge_worker.key}"},
+        {},
+    ):
+        response = httpx.post(edge_worker.url, headers=headers, json={"queues": ["default"]})
+        assert response.status_code == 403, headers
+        assert "Bearer <service key>" in response.json()["error"]
+
+    # The database's wake-up with the wrong key gets the same answer, and the job waits.
+    point_wakeups_at(db, edge_worker, key="a-stale-key")
+    insert_jobs(db, {"kind": "send_email", "payload": {"to": "a@b.co", "subject": "x", "text": ""}})
+    pg_net.wait_idle()
+    assert wake_responses(db) == [403]
+    time.sleep(0.5)
+    assert db.execute("select status, attempts from pgqueue.jobs").fetchall() == [("queued", 0)]
+
+    # With the right key, the next wake-up (here the sweeper's) runs it.
+    point_wakeups_at(db, edge_worker)
+    db.execute("select pgqueue.sweep()")
+    wait_for_jobs(db, "status = 'done'", edge_worker)
+
+
+def test_the_function_stops_claiming_when_its_time_budget_runs_out(
+    db: psycopg.Connection,
+    pg_net: PgNetWorker,
+    deno: Deno,
+    function_dir: Path,
+    postgrest: PostgRESTStandIn,
+) -> None:
+    # One job per claim, each taking ~0.4 s at a slow receiver, and a 1 s budget: the
+    # function stops after a few batches and leaves the rest for the next wake-up.
+    worker = start_edge_worker(
+        deno,
+        function_dir,
+        postgrest,
+        PGQUEUE_BATCH_SIZE="1",
+        PGQUEUE_TIME_BUDGET_SECONDS="1",
+    )
+    try:
+        with SlowReceiver(delay=0.4) as slow:
+            point_wakeups_at(db, worker)
+            insert_jobs(
+                db, *[{"kind": "send_webhook", "payload": {"url": slow.url}} for _ in range(10)]
+            )
+            deadline = time.monotonic() + 20
+            while not any('"event":"drain.end"' in line for line in worker.lines):
+                assert time.monotonic() < deadline, worker.output()
+                time.sleep(0.05)
+    finally:
+        stop_edge_worker(worker)
+
+    summary = json.loads(next(line for line in worker.lines if '"event":"drain.end"' in line))
+    assert summary["stoppedBy"] == "time budget"
+    assert 1 <= summary["completed"] <= 3
+    assert summary["elapsedMs"] < 2000
+    assert slow.hits == summary["completed"]
+    # The wake-up was answered at once, not after the batch: before the last job was done.
+    answered_early = db.execute(
+        "select (select created from net._http_response where status_code = 202)"
+        " < (select max(finished_at) from pgqueue.jobs)"
+    ).fetchone()[0]
+    assert answered_early is True
+    counts = dict(db.execute("select status, count(*) from pgqueue.jobs group by 1").fetchall())
+    assert counts == {"done": summary["completed"], "queued": 10 - summary["completed"]}
