@@ -74,7 +74,8 @@ def test_non_default_answers_reach_every_file(template: Path, tmp_path: Path) ->
     assert 'schemas = ["public", "graphql_public", "billing_q"]' in config
     assert 'project_id = "billing-jobs"' in config
     sql = "\n".join(p.read_text() for p in (project / "supabase").rglob("*.sql"))
-    assert "pgqueue" not in sql
+    assert not re.search(r"\bpgqueue[._]|'pgqueue", sql), "the default schema name leaked"
+    assert "billing_q.jobs" in sql and "'billing_q_service_key'" in sql
     assert "current_setting('billing.key', true)" in sql
     assert "current_setting('billing.url', true)" in sql
     assert "'https://worker.example.com/wake'" in sql
