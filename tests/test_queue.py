@@ -432,3 +432,16 @@ def test_claims_and_sweeps_are_served_by_their_partial_indexes(db: psycopg.Conne
     for index, query in plans.items():
         plan = "\n".join(r[0] for r in db.execute(f"explain {query}"))
         assert index in plan, plan
+
+
+def test_enqueue_refuses_a_payload_over_one_mebibyte(db: psycopg.Connection) -> None:
+    big = Jsonb({"blob": "x" * 1_100_000})
+    with pytest.raises(psycopg.errors.ProgramLimitExceeded, match="the limit is 1 MiB") as err:
+        db.execute("select pgqueue.enqueue('import.file', %s)", (big,))
+    assert "Storage" in (err.value.diag.message_hint or "")
+    with pytest.raises(psycopg.errors.CheckViolation, match="jobs_payload_size_check"):
+        db.execute("select pgqueue.enqueue_many(%s)", (Jsonb([{"kind": "k", "payload": big.obj}]),))
+    with pytest.raises(psycopg.errors.CheckViolation, match="jobs_payload_size_check"):
+        db.execute("insert into pgqueue.jobs (kind, payload) values ('k', %s)", (big,))
+    db.execute("select pgqueue.enqueue('fits', %s)", (Jsonb({"blob": "x" * 900_000}),))
+    assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (1,)
