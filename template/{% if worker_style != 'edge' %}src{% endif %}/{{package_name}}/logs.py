@@ -1,0 +1,40 @@
+# Worker machinery: you should not need to edit this file.
+"""Structured logs: one JSON object per line, so a log service can filter on job_id or kind.
+Fields come from `extra`, e.g.
+`log.info("job done", extra={"event": "job.done", "job_id": 42, "duration_ms": 12.5})`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+
+# Attributes every LogRecord has; anything else on a record came from `extra=`.
+_STANDARD = {*vars(logging.makeLogRecord({})), "message", "asctime", "taskName"}
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        entry.update((k, v) for k, v in vars(record).items() if k not in _STANDARD)
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def configure(level: str = "INFO") -> None:
+    """Send every log record to stderr as one JSON line."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # httpx logs every request at INFO: too chatty for a worker that polls.
+    logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -1,0 +1,113 @@
+# Worker machinery: you should not need to edit this file (write handlers in handlers/).
+"""The handler registry: which function runs each job kind, its payload model and timeout.
+
+    @handler("send_webhook", timeout=30)
+    async def send_webhook(payload: WebhookPayload, job: JobInfo) -> None: ...
+
+The payload model is the annotation of the handler's first parameter; the worker validates
+the job's payload with it before the handler runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar, get_type_hints
+
+from pydantic import BaseModel
+
+DEFAULT_TIMEOUT = 300.0
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What a handler may want to know about the job it runs."""
+
+    id: int
+    kind: str
+    queue: str
+    attempt: int
+    max_attempts: int
+
+
+class PermanentError(Exception):
+    """Raise this from a handler when trying again cannot help (say, the webhook URL answers
+    410 Gone): the job goes to the dead letters at once instead of being retried."""
+
+
+HandlerFunc = Callable[[Any, JobInfo], Awaitable[None]]
+F = TypeVar("F", bound=HandlerFunc)
+
+
+@dataclass(frozen=True)
+class Registration:
+    kind: str
+    func: HandlerFunc
+    payload_model: type[BaseModel]
+    timeout: float
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._handlers: dict[str, Registration] = {}
+
+    def handler(self, kind: str, *, timeout: float = DEFAULT_TIMEOUT) -> Callable[[F], F]:
+        """Register an async function as the handler of `kind`."""
+
+        def register(func: F) -> F:
+            self.add(kind, func, timeout=timeout)
+            return func
+
+        return register
+
+    def add(self, kind: str, func: HandlerFunc, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        name = getattr(func, "__qualname__", repr(func))
+        if not inspect.iscoroutinefunction(func):
+            raise TypeError(
+                f"handler {name} for {kind!r} must be `async def` (wrap blocking code in "
+                "`await asyncio.to_thread(...)`)"
+            )
+        if kind in self._handlers and self._handlers[kind].func is not func:
+            raise ValueError(f"kind {kind!r} already has a handler: {self._handlers[kind].func}")
+        if timeout <= 0:
+            raise ValueError(f"timeout of {kind!r} must be positive, got {timeout}")
+        self._handlers[kind] = Registration(kind, func, _payload_model(kind, func), timeout)
+
+    def get(self, kind: str) -> Registration | None:
+        return self._handlers.get(kind)
+
+    def kinds(self) -> list[str]:
+        return sorted(self._handlers)
+
+    def discover(self, package: str) -> None:
+        """Import every module of `package` (e.g. "myapp.handlers"), so their decorators run."""
+        module = importlib.import_module(package)
+        for info in pkgutil.iter_modules(getattr(module, "__path__", [])):
+            if not info.name.startswith("_"):
+                importlib.import_module(f"{package}.{info.name}")
+
+
+def _payload_model(kind: str, func: HandlerFunc) -> type[BaseModel]:
+    parameters = list(inspect.signature(func).parameters)
+    hints = get_type_hints(func)
+    model = hints.get(parameters[0]) if parameters else None
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        raise TypeError(
+            f"handler for {kind!r}: annotate its first parameter with a pydantic model, "
+            "e.g. `async def handle(payload: MyPayload, job: JobInfo) -> None`"
+        )
+    return model
+
+
+# The handlers of this application; handlers/ modules register with `@handler(...)`.
+registry = Registry()
+handler = registry.handler
+
+
+def load_handlers() -> Registry:
+    """Import every module in handlers/ and return the registry they registered with."""
+    registry.discover(f"{__package__}.handlers")
+    return registry

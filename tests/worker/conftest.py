@@ -1,0 +1,71 @@
+"""Fixtures for the Python worker's tests: each variant rendered and installed in a venv
+(once per session, all variants in parallel), the PostgREST stand-in in front of the stack,
+and worker processes that are killed whatever happens."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.support.cluster import Cluster
+from tests.support.postgrest import PostgRESTStandIn, make_jwt
+
+from .helpers import Installed, Workers, install, python_variants, variant_id
+
+VARIANTS = python_variants()
+
+
+@pytest.fixture(scope="session")
+def installs(
+    template: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[tuple[str, str], Future[Installed]]]:
+    """Every variant, installing in the background from the first test that needs one on
+    (pip mostly waits on the network); each test waits for its own variant only."""
+    with ThreadPoolExecutor(max_workers=len(VARIANTS)) as pool:
+        yield {
+            variant: pool.submit(
+                install, template, tmp_path_factory.mktemp(variant_id(variant)), *variant
+            )
+            for variant in VARIANTS
+        }
+
+
+@pytest.fixture(params=VARIANTS, ids=variant_id)
+def installed(request: pytest.FixtureRequest, installs: dict, stack_env: dict) -> Installed:
+    """A rendered variant installed in its own venv (parametrized over all of them). Asks
+    for the stack after `installs`, so the stack starts while pip runs."""
+    return installs[request.param].result()
+
+
+@pytest.fixture(scope="session")
+def postgrest(stack: Cluster, project: Path) -> Iterator[PostgRESTStandIn]:
+    with PostgRESTStandIn(stack.dsn()) as api:
+        yield api
+
+
+@pytest.fixture(scope="session")
+def service_role_key() -> str:
+    return make_jwt("service_role")
+
+
+@pytest.fixture(scope="session")
+def stack_env(stack: Cluster, postgrest: PostgRESTStandIn, service_role_key: str) -> dict:
+    """Our stack under the names `supabase status -o env` prints, which projects read."""
+    return {"API_URL": postgrest.url, "SERVICE_ROLE_KEY": service_role_key, "DB_URL": stack.dsn()}
+
+
+@pytest.fixture
+def workers(installed: Installed, stack_env: dict, tmp_path: Path) -> Iterator[Workers]:
+    """Starts worker processes of the variant under test (quick polling, 4 jobs at once)."""
+    env = {
+        **stack_env,
+        "WORKER_POLL_INTERVAL": "0.5",
+        "WORKER_CONCURRENCY": "4",
+        "WORKER_SHUTDOWN_GRACE": "10",
+    }
+    pool = Workers(installed, env, tmp_path)
+    yield pool
+    pool.kill_all()

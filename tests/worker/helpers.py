@@ -1,0 +1,241 @@
+"""Helpers for the worker tests: installed variants, worker processes, jobs, waiting."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from tests.support.cluster import free_port
+from tests.support.project import questions, render, run
+
+PACKAGE = "my_app"  # the default answers' package name
+SCRIPT = "my-app"  # ... and console script
+
+# The handler the end-to-end tests drive, added to a copy of each rendered project the way a
+# user adds one: a module in handlers/. It appends a line per run to a file, and sleeps or
+# raises when the payload says so.
+PROBE_HANDLER = '''\
+"""e2e_probe: records each run in a file; sleeps and fails on demand (template tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from ..registry import JobInfo, handler
+
+
+class Probe(BaseModel):
+    log: str
+    sleep: float = 0
+    sleep_first_attempt_only: bool = False
+    error: str | None = None
+
+
+@handler("e2e_probe", timeout=60)
+async def e2e_probe(payload: Probe, job: JobInfo) -> None:
+    def record(at: str) -> None:
+        with Path(payload.log).open("a") as f:
+            f.write(json.dumps({"job_id": job.id, "attempt": job.attempt, "at": at}) + "\\n")
+
+    record("start")
+    if payload.sleep and (job.attempt == 1 or not payload.sleep_first_attempt_only):
+        await asyncio.sleep(payload.sleep)
+    if payload.error:
+        raise RuntimeError(payload.error)
+    record("end")
+'''
+
+
+def python_variants() -> list[tuple[str, str]]:
+    """Every (worker_style, claim_transport) pair copier.yml offers for a Python worker."""
+    qs = questions()
+    styles = [s for s in qs["worker_style"]["choices"].values() if s != "edge"]
+    return [(s, t) for s in styles for t in qs["claim_transport"]["choices"].values()]
+
+
+def variant_id(variant: tuple[str, str]) -> str:
+    return "-".join(variant)
+
+
+@dataclass
+class Installed:
+    """A rendered project installed (editable, with its dev extras) in a venv of its own."""
+
+    style: str
+    transport: str
+    path: Path
+    venv: Path
+    # src/ of a copy of the project with the probe handler added (end-to-end tests only)
+    e2e_src: Path
+
+    @property
+    def http(self) -> bool:
+        return self.style == "python-http"
+
+    def bin(self, name: str) -> Path:
+        return self.venv / "bin" / name
+
+
+def install(template: Path, root: Path, style: str, transport: str) -> Installed:
+    path = render(template, root / "project", worker_style=style, claim_transport=transport)
+    venv = root / "venv"
+    run([sys.executable, "-m", "venv", venv])
+    run([venv / "bin" / "pip", "install", "-q", "--no-compile", "-e", f"{path}[dev]"])
+    e2e_src = root / "e2e" / "src"
+    shutil.copytree(path / "src", e2e_src)
+    (e2e_src / PACKAGE / "handlers" / "e2e_probe.py").write_text(PROBE_HANDLER)
+    return Installed(style, transport, path, venv, e2e_src)
+
+
+def wait_until(
+    condition: Callable[[], Any],
+    timeout: float = 20,
+    what: str = "condition",
+    tick: Callable[[], object] | None = None,
+    interval: float = 0.05,
+) -> Any:
+    """Poll `condition` until it returns something truthy; `tick` runs between polls."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if result := condition():
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        if tick is not None:
+            tick()
+        time.sleep(interval)
+
+
+class WorkerProcess:
+    """`python -m my_app worker` of an installed variant, its output in a file."""
+
+    def __init__(self, installed: Installed, env: dict[str, str], log: Path) -> None:
+        self.port = int(env["PORT"]) if installed.http else None
+        self.log = log
+        self._log_file = log.open("w")
+        self.proc = subprocess.Popen(
+            [installed.bin("python"), "-m", PACKAGE, "worker"],
+            env={**os.environ, **env, "PYTHONPATH": str(installed.e2e_src)},
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def events(self, event: str) -> list[dict]:
+        lines = [json.loads(line) for line in self.output().splitlines() if line.startswith("{")]
+        return [line for line in lines if line.get("event") == event]
+
+    def wait_ready(self, timeout: float = 30) -> None:
+        """Until the worker is idle: started and (HTTP) done with its start-up drain."""
+
+        def ready() -> bool:
+            assert self.proc.poll() is None, f"the worker exited early:\n{self.output()}"
+            if self.port is None:
+                return bool(self.events("worker.start"))
+            try:
+                return not httpx.get(f"{self.url}/health", timeout=1).json()["draining"]
+            except httpx.HTTPError:
+                return False
+
+        wait_until(ready, timeout, what="the worker to start")
+        if self.port is None:
+            time.sleep(0.3)  # past its first, empty claim
+
+    def wait(self, timeout: float = 30) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the worker did not exit within {timeout}s:\n{self.output()}")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._log_file.close()
+
+
+@dataclass
+class Workers:
+    """Starts worker processes of one variant; the fixture kills every one at teardown."""
+
+    installed: Installed
+    env: dict[str, str]
+    tmp_path: Path
+    started: list[WorkerProcess] = field(default_factory=list)
+
+    def start(self, ready: bool = True, **settings: object) -> WorkerProcess:
+        env = {**self.env, **{k: str(v) for k, v in settings.items()}}
+        if self.installed.http:
+            env |= {"HOST": "127.0.0.1", "PORT": str(free_port())}
+        log = self.tmp_path / f"worker-{len(self.started)}.log"
+        worker = WorkerProcess(self.installed, env, log)
+        self.started.append(worker)
+        if ready:
+            worker.wait_ready()
+        return worker
+
+    def kill_all(self) -> None:
+        for worker in self.started:
+            worker.kill()
+
+
+def wake_to(db: psycopg.Connection, worker: WorkerProcess, key: str) -> None:
+    """Point this session's wake-ups (the enqueue trigger, sweep) at `worker`: what
+    `alter database postgres set ...` does for a self-hosted project, for one session."""
+    db.execute("select set_config('app.pgqueue_worker_url', %s, false)", (f"{worker.url}/wake",))
+    db.execute("select set_config('app.service_role_key', %s, false)", (key,))
+
+
+def enqueue(
+    db: psycopg.Connection,
+    kind: str = "e2e_probe",
+    max_attempts: int | None = None,
+    **payload: object,
+) -> int:
+    row = db.execute(
+        "select pgqueue.enqueue(%s, %s, max_attempts => %s)",
+        (kind, Jsonb(payload), max_attempts),
+    ).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def job(db: psycopg.Connection, job_id: int) -> dict:
+    with db.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(
+            "select *, run_after - now() as due_in from pgqueue.jobs where id = %s", (job_id,)
+        ).fetchone()
+    assert row is not None, f"job {job_id} is gone"
+    return row
+
+
+def runs(log: Path, job_id: int) -> list[tuple[int, str]]:
+    """(attempt, "start"|"end") for each line the probe wrote for a job."""
+    if not log.exists():
+        return []
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    return [(line["attempt"], line["at"]) for line in lines if line["job_id"] == job_id]

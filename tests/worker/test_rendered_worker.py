@@ -1,0 +1,107 @@
+"""Each Python variant as a user gets it: the right files, clean under its own ruff config,
+its own test suite green against our stack, and a CLI that works."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.support.project import render, rendered_files, run
+
+from .helpers import PACKAGE, SCRIPT, Installed, job, python_variants, variant_id
+
+
+def test_only_the_variants_files_are_rendered(installed: Installed) -> None:
+    package = installed.path / "src" / PACKAGE
+    modules = {p.name for p in package.glob("*.py")}
+    transports = {"postgres_transport.py", "supabase_transport.py"}
+    assert modules & transports == {f"{installed.transport}_transport.py"}
+    assert ("app.py" in modules) == installed.http
+    assert (installed.path / "tests" / "test_app.py").exists() == installed.http
+    assert {"send_webhook.py", "send_email.py", "README.md"} <= {
+        p.name for p in (package / "handlers").iterdir()
+    }
+    for path in package.glob("*.py"):
+        if path.name not in {"__init__.py", "__main__.py"} and path.parent == package:
+            first = path.read_text().splitlines()[0]
+            assert first.startswith("# Worker machinery:"), f"{path.name}: {first}"
+
+
+def test_edge_variant_has_no_python_worker(template: Path, tmp_path: Path) -> None:
+    project = render(template, tmp_path / "edge", worker_style="edge")
+    names = {p.relative_to(project).parts[0] for p in rendered_files(project)}
+    assert not names & {"src", "tests", ".env.example"}
+
+
+def test_project_passes_ruff_and_its_own_tests(installed: Installed, stack_env: dict) -> None:
+    run([installed.bin("ruff"), "check", "."], cwd=installed.path)
+    run([installed.bin("ruff"), "format", "--check", "."], cwd=installed.path)
+    out = run(
+        [installed.bin("pytest"), "-q", "-p", "no:cacheprovider"],
+        cwd=installed.path,
+        env=stack_env,
+    )
+    assert " passed" in out and "skipped" not in out, out
+
+
+# The one-shot commands are the same code in both styles: once per transport is enough.
+@pytest.mark.parametrize(
+    "installed",
+    [v for v in python_variants() if v[0] == "python"],
+    indirect=True,
+    ids=variant_id,
+)
+def test_cli(installed: Installed, stack_env: dict, db: psycopg.Connection) -> None:
+    script = installed.bin(SCRIPT)
+    email = json.dumps({"to": "ada@example.com", "subject": "Hi", "text": "Hello"})
+    job_id = int(run([script, "enqueue", "send_email", email], env=stack_env))
+    assert job(db, job_id)["kind"] == "send_email"
+
+    stats = [json.loads(line) for line in run([script, "stats"], env=stack_env).splitlines()]
+    [row] = stats
+    assert (row["queue"], row["kind"], row["status"], row["jobs"]) == (
+        "default",
+        "send_email",
+        "queued",
+        1,
+    )
+
+    # a dead letter, listed and retried through `python -m`
+    db.execute(
+        "update pgqueue.jobs set status = 'failed', finished_at = now(), last_error = 'x'"
+        " where id = %s",
+        (job_id,),
+    )
+    python = [installed.bin("python"), "-m", PACKAGE]
+    dead = json.loads(run([*python, "dead-letters"], env=stack_env).splitlines()[0])
+    assert (dead["id"], dead["last_error"]) == (job_id, "x")
+    retried = run([*python, "retry", str(job_id)], env=stack_env)
+    assert retried.strip() == f"job {job_id} queued again"
+    assert job(db, job_id)["status"] == "queued"
+    assert run([script, "cancel", str(job_id)], env=stack_env).strip() == f"job {job_id} cancelled"
+    assert job(db, job_id)["status"] == "cancelled"
+
+    bad = subprocess.run(
+        [script, "enqueue", "send_email", '{"to": "nobody"}'],
+        env={**os.environ, **stack_env},
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2
+    assert "invalid payload for 'send_email': to: String should match pattern" in bad.stderr
+
+
+def test_missing_settings_are_named(installed: Installed) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.endswith(("_URL", "_KEY"))}
+    proc = subprocess.run(
+        [installed.bin(SCRIPT), "worker"], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert proc.returncode == 2
+    expected = "DATABASE_URL (or DB_URL)" if installed.transport == "postgres" else "SUPABASE_URL"
+    assert f"error: {expected}" in proc.stderr
+    assert "supabase status -o env" in proc.stderr

@@ -1,0 +1,286 @@
+"""Worker processes of each Python variant against the stack: jobs enqueued in SQL, wake-ups
+through pg_net's stand-in (HTTP) or NOTIFY (postgres), failures, crashes and shutdowns."""
+
+from __future__ import annotations
+
+import signal
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+
+from tests.support.pg_net import PgNetWorker
+from tests.support.postgrest import make_jwt
+
+from .helpers import (
+    Installed,
+    Workers,
+    enqueue,
+    job,
+    python_variants,
+    runs,
+    variant_id,
+    wait_until,
+    wake_to,
+)
+
+
+def sweeper(db: psycopg.Connection):
+    """What pg_cron does every minute, on demand: rescue expired leases, re-wake workers."""
+    return lambda: db.execute("select pgqueue.sweep()")
+
+
+def until_status(db: psycopg.Connection, job_id: int, status: str, **kw) -> dict:
+    return wait_until(
+        lambda: (row := job(db, job_id))["status"] == status and row,
+        what=f"job {job_id} to be {status}",
+        **kw,
+    )
+
+
+def test_job_enqueued_with_a_domain_row_runs_once(
+    installed: Installed,
+    workers: Workers,
+    db: psycopg.Connection,
+    pg_net: PgNetWorker,
+    service_role_key: str,
+    tmp_path: Path,
+) -> None:
+    worker = workers.start()
+    if installed.http:
+        wake_to(db, worker, service_role_key)
+    db.execute("create table if not exists public.e2e_orders (id serial primary key, note text)")
+    log = tmp_path / "runs.jsonl"
+    # the pattern the README shows: the job commits (or rolls back) with the row it is about
+    with db.transaction():
+        db.execute("insert into public.e2e_orders (note) values ('first')")
+        job_id = enqueue(db, log=str(log))
+
+    done = until_status(db, job_id, "done")
+    assert done["attempts"] == 1
+    time.sleep(0.5)
+    assert runs(log, job_id) == [(1, "start"), (1, "end")]
+    if installed.http:
+        pg_net.wait_idle()
+        codes = [r[0] for r in db.execute("select status_code from net._http_response")]
+        assert codes == [202]
+    assert worker.proc.poll() is None
+
+
+@pytest.mark.parametrize("installed", [("python", "postgres")], indirect=True, ids=variant_id)
+def test_notify_wakes_an_idle_worker(
+    installed: Installed, workers: Workers, db: psycopg.Connection, tmp_path: Path
+) -> None:
+    # Polls back off to a minute: only the NOTIFY can bring the worker in within a second.
+    worker = workers.start(WORKER_POLL_INTERVAL=60)
+    time.sleep(3.5)  # the next poll is now ~3 s away
+    log = tmp_path / "runs.jsonl"
+    enqueued = time.monotonic()
+    job_id = enqueue(db, log=str(log))
+    wait_until(lambda: runs(log, job_id), timeout=1.5, what="the job to start", interval=0.01)
+    latency = time.monotonic() - enqueued
+    until_status(db, job_id, "done", timeout=2)
+    assert latency < 1.0
+    assert worker.proc.poll() is None
+
+
+@pytest.mark.parametrize(
+    "installed",
+    [v for v in python_variants() if v[1] == "postgres"],
+    indirect=True,
+    ids=variant_id,
+)
+def test_worker_reconnects_after_losing_its_connections(
+    installed: Installed,
+    workers: Workers,
+    db: psycopg.Connection,
+    pg_net: PgNetWorker,
+    service_role_key: str,
+    tmp_path: Path,
+) -> None:
+    worker = workers.start(WORKER_POLL_INTERVAL=60)
+    if installed.http:
+        wake_to(db, worker, service_role_key)
+    log = tmp_path / "runs.jsonl"
+    until_status(db, enqueue(db, log=str(log)), "done")  # connected and working
+    killed = db.execute(
+        "select count(pg_terminate_backend(pid)) from pg_stat_activity"
+        " where application_name = 'my-app-worker'"
+    ).fetchone()
+    assert killed is not None and killed[0] >= 1
+    time.sleep(1)  # the listener notices and reconnects
+    until_status(db, enqueue(db, log=str(log)), "done", timeout=10)
+    assert worker.proc.poll() is None
+
+
+def test_failures_are_retried_dead_lettered_and_the_worker_goes_on(
+    installed: Installed,
+    workers: Workers,
+    db: psycopg.Connection,
+    pg_net: PgNetWorker,
+    service_role_key: str,
+    tmp_path: Path,
+) -> None:
+    worker = workers.start()
+    if installed.http:
+        wake_to(db, worker, service_role_key)
+    log = tmp_path / "runs.jsonl"
+    raising = enqueue(db, log=str(log), error="boom", max_attempts=2)
+    invalid = enqueue(db, log=42, sleep="long")
+    unknown = enqueue(db, kind="no_such_kind")
+
+    first = wait_until(
+        lambda: (row := job(db, raising))["attempts"] == 1 and row["status"] == "queued" and row,
+        what="the first failure",
+    )
+    assert first["last_error"] == "RuntimeError: boom"
+    # backoff after attempt 1: 2.5 to 5 s from the failure (locked_at is the claim's time)
+    assert first["run_after"] - first["locked_at"] >= timedelta(seconds=2.4)
+
+    bad = until_status(db, invalid, "failed")
+    assert bad["attempts"] == 1
+    assert bad["last_error"].startswith("invalid payload for 'e2e_probe': log: Input should be")
+    assert "sleep: Input should be a valid number" in bad["last_error"]
+
+    lost = wait_until(lambda: (row := job(db, unknown))["attempts"] == 1 and row)
+    assert lost["status"] == "queued"  # retryable: a newer worker may know the kind
+    assert "no handler for kind 'no_such_kind'" in lost["last_error"]
+
+    dead = until_status(db, raising, "failed", timeout=15, tick=sweeper(db), interval=0.3)
+    assert (dead["attempts"], dead["last_error"]) == (2, "RuntimeError: boom")
+    assert runs(log, raising) == [(1, "start"), (2, "start")]
+    dead_letters = {r[0] for r in db.execute("select id from pgqueue.dead_letters")}
+    assert dead_letters == {raising, invalid}
+
+    after = enqueue(db, log=str(log))
+    until_status(db, after, "done", tick=sweeper(db), interval=0.2)
+    assert worker.proc.poll() is None
+
+
+def test_jobs_of_a_killed_worker_complete_on_another_after_the_sweep(
+    installed: Installed,
+    workers: Workers,
+    db: psycopg.Connection,
+    pg_net: PgNetWorker,
+    service_role_key: str,
+    tmp_path: Path,
+) -> None:
+    first = workers.start(WORKER_LEASE_SECONDS=1)
+    if installed.http:
+        wake_to(db, first, service_role_key)
+    log = tmp_path / "runs.jsonl"
+    ids = [enqueue(db, log=str(log), sleep=60, sleep_first_attempt_only=True) for _ in range(3)]
+    wait_until(lambda: all(runs(log, i) for i in ids), what="all jobs to start")
+    second = workers.start(WORKER_LEASE_SECONDS=1)
+    first.proc.kill()  # SIGKILL: no chance to release anything
+    first.wait()
+    assert {job(db, i)["status"] for i in ids} == {"running"}
+
+    if installed.http:
+        wake_to(db, second, service_role_key)
+    for i in ids:
+        until_status(db, i, "done", timeout=20, tick=sweeper(db), interval=0.3)
+    for i in ids:
+        assert job(db, i)["attempts"] == 2
+        assert runs(log, i) == [(1, "start"), (2, "start"), (2, "end")]
+    assert "lease expired" in (job(db, ids[0])["last_error"] or "")
+
+
+def test_sigterm_lets_running_jobs_finish_and_exits_0(
+    installed: Installed,
+    workers: Workers,
+    db: psycopg.Connection,
+    pg_net: PgNetWorker,
+    service_role_key: str,
+    tmp_path: Path,
+) -> None:
+    worker = workers.start()
+    if installed.http:
+        wake_to(db, worker, service_role_key)
+    log = tmp_path / "runs.jsonl"
+    ids = [enqueue(db, log=str(log), sleep=1.5) for _ in range(2)]
+    wait_until(lambda: all(runs(log, i) for i in ids), what="both jobs to start")
+    worker.proc.send_signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.output()
+    for i in ids:
+        assert job(db, i)["status"] == "done"
+        assert runs(log, i) == [(1, "start"), (1, "end")]
+
+
+def test_sigterm_releases_jobs_that_outlast_the_grace_period(
+    installed: Installed,
+    workers: Workers,
+    db: psycopg.Connection,
+    pg_net: PgNetWorker,
+    service_role_key: str,
+    tmp_path: Path,
+) -> None:
+    worker = workers.start(WORKER_SHUTDOWN_GRACE=0.5)
+    if installed.http:
+        wake_to(db, worker, service_role_key)
+    log = tmp_path / "runs.jsonl"
+    job_id = enqueue(db, log=str(log), sleep=60)
+    wait_until(lambda: runs(log, job_id), what="the job to start")
+    worker.proc.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=15) == 0, worker.output()
+    released = job(db, job_id)
+    assert (released["status"], released["attempts"], released["lock_token"]) == ("queued", 0, None)
+    assert released["due_in"] <= timedelta(0)  # runnable again at once
+
+
+@pytest.mark.parametrize(
+    "installed",
+    [v for v in python_variants() if v[0] == "python-http"],
+    indirect=True,
+    ids=variant_id,
+)
+def test_wake_endpoint_refuses_a_missing_or_wrong_bearer(
+    installed: Installed,
+    workers: Workers,
+    db: psycopg.Connection,
+    service_role_key: str,
+    tmp_path: Path,
+) -> None:
+    worker = workers.start()
+    log = tmp_path / "runs.jsonl"
+    job_id = enqueue(db, log=str(log))  # no wake-up configured: only our POSTs can wake it
+    refused = [
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": f"Bearer {make_jwt('anon')}"},
+        {"Authorization": service_role_key},
+    ]
+    for headers in refused:
+        response = httpx.post(f"{worker.url}/wake", headers=headers, json={"queues": ["default"]})
+        assert response.status_code == 403, headers
+    time.sleep(0.5)
+    untouched = job(db, job_id)
+    assert (untouched["status"], untouched["attempts"]) == ("queued", 0)
+    assert runs(log, job_id) == []
+
+    headers = {"Authorization": f"Bearer {service_role_key}"}
+    response = httpx.post(f"{worker.url}/wake", headers=headers, json={"queues": ["default"]})
+    assert response.status_code == 202
+    until_status(db, job_id, "done")
+
+
+def test_heartbeats_keep_a_long_job_leased(
+    installed: Installed,
+    workers: Workers,
+    db: psycopg.Connection,
+    pg_net: PgNetWorker,
+    service_role_key: str,
+    tmp_path: Path,
+) -> None:
+    worker = workers.start(WORKER_LEASE_SECONDS=2)
+    if installed.http:
+        wake_to(db, worker, service_role_key)
+    log = tmp_path / "runs.jsonl"
+    job_id = enqueue(db, log=str(log), sleep=3.5)
+    # the sweeper runs all along: without heartbeats it would rescue the job after 2 s
+    done = until_status(db, job_id, "done", timeout=15, tick=sweeper(db), interval=0.2)
+    assert done["attempts"] == 1
+    assert runs(log, job_id) == [(1, "start"), (1, "end")]
