@@ -4,15 +4,23 @@ snapshot the working tree into a git repo, tag it, and commit a second release o
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import copier
 import pytest
+from psycopg.types.json import Jsonb
 
 from tests.support.project import (
     REPO,
     push_migrations,
+    render,
     rendered_files,
     run,
     snapshot_template,
@@ -29,6 +37,46 @@ alter table {{ queue_schema }}.jobs add column region text not null default 'eu'
 create index jobs_region_idx on {{ queue_schema }}.jobs (region) where status = 'queued';
 """
 USER_MIGRATION = "create table public.orders (id bigint primary key, email text not null);\n"
+
+
+EMAIL = {"kind": "send_email", "payload": {"to": "a@example.com", "subject": "s", "text": "t"}}
+
+
+@contextlib.contextmanager
+def run_worker(project: Path, dsn: str) -> Iterator[subprocess.Popen]:
+    """The rendered project's worker (postgres transport), on this interpreter, which has every
+    dependency a variant needs; SIGTERM on the way out."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "my_app", "worker"],
+        cwd=project,
+        env={**os.environ, "PYTHONPATH": str(project / "src"), "DATABASE_URL": dsn},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def wait_for_status(cluster, ids: list[int], status: str, worker: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 30
+    with cluster.connect(autocommit=True) as db:
+        while time.monotonic() < deadline:
+            statuses = db.execute(
+                "select status from pgqueue.jobs where id = any(%s)", (ids,)
+            ).fetchall()
+            if {s for (s,) in statuses} == {status}:
+                return
+            assert worker.poll() is None, worker.stdout.read() if worker.stdout else ""
+            time.sleep(0.2)
+    raise AssertionError(f"jobs {ids} did not reach {status}: {statuses}")
 
 
 def commit_all(repo: Path, message: str, tag: str | None = None) -> None:
@@ -100,12 +148,20 @@ def test_update_keeps_user_edits_and_jobs_and_applies_the_new_migration(
 ) -> None:
     project = tmp_path / "app"
     copier.run_copy(
-        str(releases), str(project), defaults=True, vcs_ref="v1.0.0", unsafe=True, quiet=True
+        str(releases),
+        str(project),
+        data={"claim_transport": "postgres"},
+        defaults=True,
+        vcs_ref="v1.0.0",
+        unsafe=True,
+        quiet=True,
     )
     run(["git", "init", "-q", "-b", "main"], cwd=project)
     commit_all(project, "generated at 1.0.0")
 
-    # The user's own work: notes in the README and a domain migration of their own.
+    # The user's own work: a handler change, notes in the README, a migration of their own.
+    handler = project / "src/my_app/handlers/send_email.py"
+    handler.write_text(handler.read_text().replace("(stub)", "(stub, edited by us)"))
     readme = project / "README.md"
     readme.write_text(readme.read_text() + "\n## Team notes\n\nPager: #jobs-oncall\n")
     user_migration = project / "supabase/migrations/20261215000000_orders.sql"
@@ -116,7 +172,7 @@ def test_update_keeps_user_edits_and_jobs_and_applies_the_new_migration(
     try:
         push_migrations(project, cluster.url())
         with cluster.connect(autocommit=True) as db:
-            db.execute("select pgqueue.enqueue_many(%s)", ('[{"kind":"a"},{"kind":"b"}]',))
+            db.execute("select pgqueue.enqueue_many(%s)", (Jsonb([EMAIL, EMAIL]),))
             dead = db.execute("select pgqueue.enqueue('c', max_attempts => 1)").fetchone()[0]
             db.execute("select pgqueue.enqueue('d')")
             (dead_token,) = db.execute(
@@ -145,6 +201,7 @@ def test_update_keeps_user_edits_and_jobs_and_applies_the_new_migration(
             p for p in files if "<<<<<<<" in p.read_text(errors="replace") and p.suffix != ".rej"
         ]
         assert "Pager: #jobs-oncall" in readme.read_text()
+        assert "(stub, edited by us)" in handler.read_text()
         assert user_migration.read_text() == USER_MIGRATION
         assert "# release 1.1.0 was here" in (project / "supabase/config.toml").read_text()
         assert (project / "supabase/migrations/20270101000000_pgqueue_job_region.sql").exists()
@@ -158,16 +215,43 @@ def test_update_keeps_user_edits_and_jobs_and_applies_the_new_migration(
             assert after == before
             assert db.execute("select distinct region from pgqueue.jobs").fetchall() == [("eu",)]
             assert db.execute("select to_regclass('pgqueue.jobs_region_idx')").fetchone()[0]
-            # the queue still works end to end on the upgraded schema
-            claimed = db.execute("select id, lock_token from pgqueue.claim('w2', 10)").fetchall()
-            assert sorted(r[0] for r in claimed) == [r[0] for r in before if r[2] == "queued"]
-            done = db.execute(
-                "select pgqueue.complete_many(%s, %s)",
-                ([r[0] for r in claimed], [r[1] for r in claimed]),
-            ).fetchall()
-            assert len(done) == len(claimed)
+        # the upgraded project's worker runs the jobs that waited through the upgrade
+        queued = [job_id for job_id, _, status, _ in before if status == "queued"]
+        with run_worker(project, cluster.dsn()) as worker:
+            wait_for_status(cluster, queued, "done", worker)
+        assert worker.returncode == 0, "SIGTERM ends the worker cleanly"
+        with cluster.connect() as db:
+            states = dict(db.execute("select id, status from pgqueue.jobs").fetchall())
+        assert [states[r[0]] for r in before] == ["done", "done", "failed", "running"]
     finally:
         cluster.destroy()
+
+
+def test_update_to_another_transport_renders_the_new_variant(
+    template: Path, tmp_path: Path
+) -> None:
+    project = render(template, tmp_path / "app")
+    assert (project / "src/my_app/supabase_transport.py").exists()
+    run(["git", "init", "-q", "-b", "main"], cwd=project)
+    commit_all(project, "generated with the supabase transport")
+    copier.run_update(
+        str(project),
+        data={"claim_transport": "postgres"},
+        defaults=True,
+        overwrite=True,
+        unsafe=True,
+        vcs_ref="HEAD",
+        quiet=True,
+        conflict="rej",
+    )
+    assert not (project / "src/my_app/supabase_transport.py").exists()
+    assert (project / "src/my_app/postgres_transport.py").exists()
+    pyproject = (project / "pyproject.toml").read_text()
+    assert "psycopg" in pyproject and '"supabase' not in pyproject
+    assert "claim_transport: postgres" in (project / ".copier-answers.yml").read_text()
+    assert not [p for p in rendered_files(project) if p.suffix == ".rej"]
+    run(["ruff", "check", "."], cwd=project)
+    run(["ruff", "format", "--check", "."], cwd=project)
 
 
 def test_latest_release_tag_updates_to_head(tmp_path: Path) -> None:

@@ -1,0 +1,105 @@
+"""Hostile surroundings: secrets in rendered files, and objects planted in `public` that try to
+change what the queue's SECURITY DEFINER functions do."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.support.postgrest import JWT_SECRET
+from tests.support.project import render, rendered_files
+from tests.test_render import VARIANTS, variant_id
+
+SECRET_PATTERNS = {
+    "JWT": re.compile(r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
+    "Supabase secret key": re.compile(r"sb_secret_[A-Za-z0-9_-]{8,}"),
+    "Supabase publishable key": re.compile(r"sb_publishable_[A-Za-z0-9_-]{8,}"),
+    "password in a URL": re.compile(r"\b[a-z+]+://[^\s:/@<>]+:(?!\[|<|\.\.\.)[^\s@/<>]+@"),
+    # a value that looks generated: 20+ characters mixing letters and digits
+    "assigned key or password": re.compile(
+        r"(?i)\b[A-Z_]*(?:KEY|SECRET|TOKEN|PASSWORD)\s*[=:]\s*[\"']?"
+        r"(?=[A-Za-z0-9_\-]*[0-9])(?=[A-Za-z0-9_\-]*[A-Za-z])[A-Za-z0-9_\-]{20,}"
+    ),
+    "local JWT secret": re.compile(re.escape(JWT_SECRET)),
+}
+
+
+def find_secrets(project: Path) -> list[str]:
+    return [
+        f"{path.relative_to(project)}:{n}: {name}"
+        for path in rendered_files(project)
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+        for name, pattern in SECRET_PATTERNS.items()
+        if pattern.search(line)
+    ]
+
+
+@pytest.mark.parametrize("answers", VARIANTS, ids=variant_id)
+def test_no_rendered_file_holds_a_key_token_or_password(
+    template: Path, tmp_path: Path, answers: dict
+) -> None:
+    project = render(template, tmp_path / "app", **answers)
+    assert find_secrets(project) == []
+
+
+def test_the_secret_scan_finds_planted_secrets(template: Path, tmp_path: Path) -> None:
+    project = render(template, tmp_path / "app")
+    (project / "leak.env").write_text(
+        "SERVICE_ROLE_KEY=eyJhbGciOiJIUzI1NiJ9.eyJyb2xlIjoic2VydmljZV9yb2xlIn0.abc\n"
+        "DB_URL=postgresql://postgres:hunter2hunter2@db.example.com:5432/postgres\n"
+        "SUPABASE_SECRET=sb_secret_abcdefghijklmnop\n"
+        "RESEND_API_KEY=re_8f3kD02mXq71LpZ0aa9Qw2\n"
+    )
+    kinds = {line.split(": ", 1)[1] for line in find_secrets(project)}
+    assert {"JWT", "password in a URL", "Supabase secret key", "assigned key or password"} <= kinds
+
+
+HOSTILE = """
+create function public.now() returns timestamptz language sql
+  as $$ select '2000-01-01'::timestamptz $$;
+create function public.gen_random_uuid() returns uuid language sql
+  as $$ select '00000000-0000-0000-0000-000000000000'::uuid $$;
+create function public.random() returns double precision language sql
+  as $$ select 1000.0::float8 $$;
+create function public.pg_notify(text, text) returns void language sql as $$ select $$;
+create table public.jobs (like pgqueue.jobs);
+"""
+
+
+def test_objects_planted_in_public_do_not_change_the_queue(db: psycopg.Connection) -> None:
+    db.execute(HOSTILE)
+    try:
+        db.execute("set search_path = public, pg_catalog")
+        assert db.execute("select now()").fetchone()[0].year == 2000, "the trap is armed"
+        db.execute("select pgqueue.enqueue_many(%s)", ('[{"kind": "a"}, {"kind": "b"}]',))
+        db.execute("select pgqueue.enqueue('c', max_attempts => 3)")
+        claimed = db.execute(
+            "select id, lock_token, locked_at from pgqueue.claim('w', 3)"
+        ).fetchall()
+        assert len(claimed) == 3
+        assert len({token for _, token, _ in claimed}) == 3
+        assert all(
+            abs(locked_at - datetime.now(locked_at.tzinfo)) < timedelta(minutes=5)
+            for *_, locked_at in claimed
+        )
+        job_id, token, _ = claimed[0]
+        assert db.execute("select pgqueue.fail(%s, %s, 'x')", (job_id, token)).fetchone() == (
+            "queued",
+        )
+        delay = db.execute(
+            "select run_after - pg_catalog.now() from pgqueue.jobs where id = %s", (job_id,)
+        ).fetchone()[0]
+        assert timedelta(seconds=2) < delay <= timedelta(seconds=5), "backoff used real random()"
+        assert db.execute("select count(*) from public.jobs").fetchone() == (0,)
+        assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (3,)
+    finally:
+        db.execute("reset search_path")
+        db.execute(
+            "drop function public.now(), public.gen_random_uuid(), public.random(),"
+            " public.pg_notify(text, text);"
+            "drop table public.jobs"
+        )
