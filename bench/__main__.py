@@ -1,0 +1,256 @@
+"""`bench/run`: start a durable local cluster, render a project per transport, run every
+scenario --repeats times (interleaved, so a burst of load elsewhere on the machine spreads
+over all figures instead of sinking one), print the table and write the JSON."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from . import generated_worker, queue_sql, report, sql_variants
+from . import stack as stack_module
+from .stack import REPO, Stack
+
+Figures = dict[str, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    jobs: int  # jobs drained per drain/claim figure
+    enqueue_jobs: int
+    finished: int  # finished rows kept in the table for the table-size figure
+    supabase_jobs: int  # the supabase transport pays an HTTP request per call
+    pgqueuer_jobs: int
+    procrastinate_jobs: int
+    latency_samples: int
+    latency_rate: float
+
+
+FULL = Sizes(20_000, 100_000, 1_000_000, 5_000, 20_000, 1_000, 500, 100.0)
+SMOKE = Sizes(300, 1_000, 2_000, 100, 300, 30, 20, 100.0)
+TRANSPORTS = ("postgres", "supabase")
+
+
+def _peer(name: str, stack: Stack, jobs: int) -> Figures:
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.peers", name, stack.dsn(name), str(jobs)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{proc.stdout}\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def worker_scenarios(
+    sizes: Sizes, transports: dict[str, generated_worker.Transport]
+) -> dict[str, Callable[[Stack], Figures]]:
+    """The generated worker's scenarios, for each transport that could be set up."""
+    out: dict[str, Callable[[Stack], Figures]] = {}
+    for name, transport in transports.items():
+        jobs = sizes.jobs if name == "postgres" else sizes.supabase_jobs
+        for processes in (1, 4):
+            out[f"worker_{name}_{processes}proc"] = lambda s, t=transport, n=jobs, p=processes: (
+                generated_worker.drain(s, t, n, p)
+            )
+        out[f"worker_latency_{name}"] = lambda s, t=transport: generated_worker.latency(
+            s, t, sizes.latency_samples, sizes.latency_rate
+        )
+    return out
+
+
+def scenarios(sizes: Sizes) -> dict[str, Callable[[Stack], Figures]]:
+    """The SQL-level and peer scenarios, by name, in the order they run within a repeat."""
+    return {
+        "commit_latency": lambda s: queue_sql.commit_latency(s, samples=200),
+        "enqueue_many": lambda s: queue_sql.enqueue_many(s, sizes.enqueue_jobs),
+        "sql_claim_1proc": lambda s: queue_sql.claim_loop(s, sizes.jobs, processes=1),
+        "sql_claim_4proc": lambda s: queue_sql.claim_loop(s, sizes.jobs, processes=4),
+        "notify_latency": lambda s: queue_sql.notify_latency(
+            s, sizes.latency_samples, sizes.latency_rate
+        ),
+        "pgqueuer": lambda s: _peer("pgqueuer", s, sizes.pgqueuer_jobs),
+        "procrastinate": lambda s: _peer("procrastinate", s, sizes.procrastinate_jobs),
+    }
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bench/run",
+        description="Benchmark the generated queue against pgqueuer and procrastinate on a "
+        "local cluster with durable commits. Prints a table, writes JSON.",
+        epilog="scenarios: "
+        + ", ".join([*scenarios(FULL), *worker_scenarios(FULL, dict.fromkeys(TRANSPORTS))])
+        + ", finished_rows. Method and latest figures: docs/performance.md",
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each scenario")
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny sizes: checks that every scenario runs"
+    )
+    parser.add_argument("--jobs", type=int, help="jobs per drain/claim figure")
+    parser.add_argument("--finished", type=int, help="finished rows for the table-size figure")
+    parser.add_argument(
+        "--only", nargs="+", metavar="SCENARIO", help="run only these scenarios (names below)"
+    )
+    parser.add_argument(
+        "--sql-variants",
+        action="store_true",
+        help="instead of the scenarios: time claim/complete_many/enqueue_many per row, EXPLAIN "
+        "them, and measure proposed changes to the SQL on scratch schemas",
+    )
+    parser.add_argument(
+        "--patch",
+        choices=sorted(sql_variants.PATCHES),
+        action="append",
+        default=[],
+        help="what-if: apply a proposed SQL change (bench/sql_variants.py) to the queue first",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also drain --jobs jobs with one postgres-transport worker under pyinstrument and "
+        "write its report next to the JSON",
+    )
+    parser.add_argument(
+        "--out", type=Path, help="JSON file (default: bench/results/<UTC timestamp>.json)"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    sizes = SMOKE if args.smoke else FULL
+    if args.jobs:
+        sizes = dataclasses.replace(sizes, jobs=args.jobs, pgqueuer_jobs=args.jobs)
+    if args.finished:
+        sizes = dataclasses.replace(sizes, finished=args.finished)
+    started = datetime.now(UTC)
+    out = args.out or REPO / "bench" / "results" / f"{started:%Y%m%dT%H%M%SZ}.json"
+    known = [*scenarios(sizes), *worker_scenarios(sizes, dict.fromkeys(TRANSPORTS))]
+    known.append("finished_rows")
+    wanted = [] if args.sql_variants else args.only or known
+    unknown = set(wanted) - set(known)
+    if unknown:
+        names = ", ".join(known)
+        print(f"unknown scenario(s) {', '.join(sorted(unknown))}; known: {names}", file=sys.stderr)
+        return 2
+
+    print(f"bench: starting a durable cluster and rendering projects ({sizes})", file=sys.stderr)
+    began = time.monotonic()
+    stack = stack_module.start(TRANSPORTS)
+    print(f"bench: stack ready {time.monotonic() - began:.1f}s", file=sys.stderr)
+    try:
+        document = {
+            "started_at": started.isoformat(timespec="seconds"),
+            "machine": stack_module.machine(),
+            # pg_test_fsync takes ~15 s: not for a smoke run
+            "disk": {} if args.smoke else stack_module.fsync_rate(stack.workdir),
+            "server": stack_module.server_settings(stack),
+            "sizes": sizes.__dict__,
+            "repeats": args.repeats,
+            "patches": args.patch,
+        }
+        for name in args.patch:
+            sql_variants.PATCHES[name](stack)
+        if args.sql_variants:
+            print("bench: SQL variants", file=sys.stderr)
+            raw = sql_variants.run(stack, stack.projects["postgres"], sizes.jobs, args.repeats)
+            plans = out.with_suffix(".explain.txt")
+            plans.parent.mkdir(parents=True, exist_ok=True)
+            plans.write_text(sql_variants.explain(stack))
+            print(f"bench: wrote {plans}", file=sys.stderr)
+        else:
+            raw = _run_scenarios(stack, sizes, wanted, args.repeats, document)
+            if args.profile:
+                profile = out.with_suffix(".worker-profile.txt")
+                _profile_worker(stack, sizes.jobs, profile)
+                print(f"bench: wrote {profile}", file=sys.stderr)
+    finally:
+        stack.destroy()
+    document["loadavg_at_end"] = os.getloadavg()
+    document["elapsed_s"] = round((datetime.now(UTC) - started).total_seconds(), 1)
+    document["scenarios"] = report.summarize(raw)
+    print(report.table(document["scenarios"]))
+    report.write_json(out, document)
+    print(f"bench: wrote {out}", file=sys.stderr)
+    return 0
+
+
+def _profile_worker(stack: Stack, jobs: int, profile: Path) -> None:
+    profile.parent.mkdir(parents=True, exist_ok=True)
+    why = generated_worker.install({"postgres": stack.projects["postgres"]})["postgres"]
+    if why:
+        raise RuntimeError(why)
+    transport = generated_worker.Transport(stack, "postgres")
+    try:
+        generated_worker.drain(stack, transport, jobs, 1, profile=profile)
+    finally:
+        transport.close()
+        generated_worker.uninstall(stack.projects)
+
+
+def _run_scenarios(
+    stack: Stack, sizes: Sizes, wanted: list[str], repeats: int, document: dict
+) -> dict[str, dict[str, list[float]]]:
+    raw: dict[str, dict[str, list[float]]] = {}
+    load: dict[str, list[float]] = {}
+    skipped: dict[str, str] = {}
+    transports: dict[str, generated_worker.Transport] = {}
+    document["skipped"] = skipped
+    document["load_1min_at_each_run"] = load
+    needed = [
+        name
+        for name in TRANSPORTS
+        if any(w.startswith("worker_") and name in w.split("_") for w in wanted)
+    ]
+    try:
+        began = time.monotonic()
+        installed = generated_worker.install({name: stack.projects[name] for name in needed})
+        took = time.monotonic() - began
+        print(f"bench: installed the rendered projects {took:.1f}s", file=sys.stderr)
+        for name, why in installed.items():
+            if why is None:
+                try:
+                    transports[name] = generated_worker.Transport(stack, name)
+                except Exception as exc:
+                    why = f"cannot start the {name} transport: {exc!r}"
+            if why:
+                skipped[f"worker_{name}"] = why
+                print(f"bench: skipping the {name} worker: {why}", file=sys.stderr)
+        repeated = scenarios(sizes) | worker_scenarios(sizes, transports)
+        for repeat in range(repeats):
+            for name, run in repeated.items():
+                if name not in wanted:
+                    continue
+                load.setdefault(name, []).append(round(os.getloadavg()[0], 2))
+                began = time.monotonic()
+                for figure, value in run(stack).items():
+                    raw.setdefault(name, {}).setdefault(figure, []).append(value)
+                took = time.monotonic() - began
+                print(f"bench: {name} (run {repeat + 1}/{repeats}) {took:.1f}s", file=sys.stderr)
+        if "finished_rows" in wanted:
+            print(f"bench: finished_rows ({sizes.finished:,} rows)", file=sys.stderr)
+            load["finished_rows"] = [round(os.getloadavg()[0], 2)]
+            raw["finished_rows"] = queue_sql.finished_rows(
+                stack, sizes.jobs, sizes.finished, repeats
+            )
+    finally:
+        for transport in transports.values():
+            transport.close()
+        if needed:
+            generated_worker.uninstall(stack.projects)
+    return raw
+
+
+if __name__ == "__main__":
+    sys.exit(main())

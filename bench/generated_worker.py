@@ -1,0 +1,297 @@
+"""Scenarios that run the generated project's own worker: its settings, transport, handler
+registry (the job kind is a handler module dropped into handlers/, as a user adds one), lock
+tokens and batched completions.
+
+Parent side: `install`, `drain`, `latency`. Child side (one process per worker):
+`python -m bench.generated_worker drain|run PACKAGE`, configured by the environment
+variables the generated worker reads (DATABASE_URL or SUPABASE_URL + SERVICE_ROLE_KEY,
+WORKER_CONCURRENCY, WORKER_BATCH_SIZE, LOG_LEVEL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+
+from .queue_sql import percentile, reset
+from .stack import REPO, SCHEMA, Stack, pip_install_editable
+
+HANDLER = '''\
+"""noop: a job that does nothing, for the template's benchmark (bench/run adds this file)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from pydantic import BaseModel
+
+from ..registry import JobInfo, handler
+
+_STARTS = os.environ.get("BENCH_HANDLER_STARTS")
+
+
+class NoopPayload(BaseModel):
+    n: int = 0
+
+
+@handler("noop")
+async def noop(payload: NoopPayload, job: JobInfo) -> None:
+    if _STARTS:  # the latency scenario: when did this job's handler start?
+        with open(_STARTS, "a") as f:
+            f.write(f"{job.id} {time.time()}\\n")
+'''
+
+# What the drain figures run with: big batches, many jobs in flight (the defaults, 10 and
+# 10, suit slow handlers; a no-op handler shows the machinery's own ceiling).
+TUNED = {"WORKER_CONCURRENCY": "200", "WORKER_BATCH_SIZE": "100"}
+
+
+def install(projects: dict[str, Path]) -> dict[str, str | None]:
+    """Add the no-op handler module to each rendered project (transport -> project) and
+    `pip install -e` them into this venv, in one pip run. Returns, per transport, None when
+    its worker is ready for the scenarios, else what is wrong."""
+    why: dict[str, str | None] = {}
+    for name, project in projects.items():
+        handlers = project / "src" / f"bench_{name}" / "handlers"
+        if handlers.is_dir():
+            (handlers / "bench_noop.py").write_text(HANDLER)
+            why[name] = None
+        else:
+            why[name] = f"the rendered project has no {handlers.relative_to(project)}"
+    ready = [projects[name] for name, reason in why.items() if reason is None]
+    try:
+        pip_install_editable(*ready)
+    except subprocess.CalledProcessError as exc:
+        failed = f"pip install -e failed: {exc.stderr.decode()[-2000:]}"
+        return {name: reason or failed for name, reason in why.items()}
+    for name, reason in why.items():
+        if reason is None:
+            why[name] = _check(f"bench_{name}")
+    return why
+
+
+def _check(package: str) -> str | None:
+    check = (
+        "import importlib\n"
+        f"worker = importlib.import_module('{package}.worker')\n"
+        f"registry = importlib.import_module('{package}.registry')\n"
+        f"importlib.import_module('{package}.queue_client').open_queue\n"
+        "assert hasattr(worker.Worker, 'drain'), 'the generated Worker has no drain()'\n"
+        "assert 'noop' in registry.load_handlers().kinds(), 'noop did not register'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
+    if proc.returncode != 0:
+        return f"the generated worker is not usable: {proc.stderr.strip()[-2000:]}"
+    return None
+
+
+def uninstall(projects: dict[str, Path]) -> None:
+    """Take the editable installs out of the venv again (their folders are temporary)."""
+    names = [path.name for path in projects.values()]
+    subprocess.run(
+        [sys.executable, "-m", "pip", "uninstall", "-q", "-y", *names], capture_output=True
+    )
+
+
+class Transport:
+    """Where the generated worker finds the queue: the environment it is started with."""
+
+    def __init__(self, stack: Stack, name: str) -> None:
+        self.name = name
+        self.package = f"bench_{name}"
+        self.env = {"LOG_LEVEL": "WARNING", "WORKER_POLL_INTERVAL": "1"}
+        self._standin: subprocess.Popen[str] | None = None
+        if name == "postgres":
+            self.env["DATABASE_URL"] = stack.dsn()
+        else:
+            # The PostgREST stand-in runs in a process of its own, so it does not share a
+            # GIL with the benchmark; it stops when its stdin closes (so, with the benchmark).
+            code = (
+                "import sys\n"
+                "from tests.support.postgrest import PostgRESTStandIn, make_jwt\n"
+                f"s = PostgRESTStandIn({stack.dsn()!r}, schemas=({SCHEMA!r},), pool_size=8)\n"
+                "s.start()\n"
+                "print(s.url, make_jwt('service_role'), flush=True)\n"
+                "sys.stdin.read()\n"
+                "s.stop()\n"
+            )
+            self._standin = subprocess.Popen(
+                [sys.executable, "-c", code],
+                cwd=REPO,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            started = self._standin.stdout.readline().split()
+            if len(started) != 2:
+                self.close()
+                raise RuntimeError("the PostgREST stand-in did not start (see stderr above)")
+            url, key = started
+            self.env["SUPABASE_URL"] = url
+            self.env["SERVICE_ROLE_KEY"] = key
+
+    def close(self) -> None:
+        if self._standin is not None:
+            self._standin.stdin.close()
+            try:
+                self._standin.wait(15)
+            except subprocess.TimeoutExpired:
+                self._standin.kill()
+                self._standin.wait()
+
+
+def _spawn(
+    transport: Transport, mode: str, extra_env: dict[str, str], profile: Path | None = None
+) -> subprocess.Popen[str]:
+    profiler = []
+    if profile is not None:
+        profiler = ["-m", "pyinstrument", "-r", "text", "--no-color", "-o", str(profile)]
+    return subprocess.Popen(
+        [sys.executable, *profiler, "-m", "bench.generated_worker", mode, transport.package],
+        cwd=REPO,
+        env={**os.environ, **transport.env, **extra_env},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def drain(
+    stack: Stack,
+    transport: Transport,
+    jobs: int,
+    processes: int,
+    env: dict[str, str] = TUNED,
+    profile: Path | None = None,
+) -> dict[str, float]:
+    """`processes` worker processes drain `jobs` pre-enqueued no-op jobs; jobs/s from the go
+    signal to the last process's last completion. With `profile`, the (single) worker runs
+    under pyinstrument, which writes its report there."""
+    reset(stack)
+    with stack.cluster.connect(autocommit=True) as conn:
+        conn.execute(
+            f"insert into {SCHEMA}.jobs (kind, payload) "
+            "select 'noop', jsonb_build_object('n', n) from generate_series(1, %s) as n",
+            (jobs,),
+        )
+        conn.execute(f"vacuum analyze {SCHEMA}.jobs")
+    workers = [_spawn(transport, "drain", env, profile) for _ in range(processes)]
+    try:
+        for proc in workers:
+            if proc.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"a {transport.name} worker did not start")
+        started = time.perf_counter()
+        for proc in workers:
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        results = [json.loads(proc.stdout.readline()) for proc in workers]
+    finally:
+        for proc in workers:
+            proc.stdin.close()
+            if proc.wait(60) != 0:
+                raise RuntimeError(f"a {transport.name} worker exited {proc.returncode}")
+    done = sum(r["done"] for r in results)
+    with stack.cluster.connect() as conn:
+        left = conn.execute(f"select count(*) from {SCHEMA}.jobs where status <> 'done'")
+        left = left.fetchone()[0]
+    if done != jobs or left:
+        raise RuntimeError(f"{transport.name} workers completed {done} of {jobs}; {left} left")
+    return {"jobs_per_s": jobs / (max(r["finished_at"] for r in results) - started)}
+
+
+def latency(stack: Stack, transport: Transport, samples: int, rate: float) -> dict[str, float]:
+    """One worker running as it does in production (`run()`, default settings); jobs are
+    enqueued one at a time at `rate` jobs/s. Latency: from the start of the enqueue call (its
+    commit included) to the handler's start, per job."""
+    reset(stack)
+    starts = Path(tempfile.mkstemp(prefix="bench-starts-")[1])
+    worker = _spawn(transport, "run", {"BENCH_HANDLER_STARTS": str(starts)})
+    sent: dict[int, float] = {}
+    committed: dict[int, float] = {}
+    try:
+        if worker.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"a {transport.name} worker did not start")
+        worker.stdin.write("go\n")
+        worker.stdin.flush()
+        with psycopg.connect(stack.dsn(), autocommit=True) as conn:
+            enqueue = f"select {SCHEMA}.enqueue('noop')"
+            time.sleep(0.5)  # the worker is idle and waiting
+            next_at = time.perf_counter()
+            for _ in range(samples):
+                while (now := time.perf_counter()) < next_at:
+                    time.sleep(min(0.001, next_at - now))
+                at = time.time()
+                job_id = conn.execute(enqueue, prepare=True).fetchone()[0]
+                sent[job_id], committed[job_id] = at, time.time()
+                next_at += 1 / rate
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                done = conn.execute(f"select count(*) from {SCHEMA}.jobs where status = 'done'")
+                if done.fetchone()[0] >= samples:
+                    break
+                time.sleep(0.1)
+    finally:
+        worker.stdin.close()  # stop
+        worker.wait(60)
+    started = {}
+    for line in starts.read_text().splitlines():
+        job_id, at = line.split()
+        started[int(job_id)] = float(at)
+    starts.unlink()
+    if len(started) < samples:
+        raise RuntimeError(f"the worker started {len(started)} of {samples} jobs")
+    latency = [(started[i] - sent[i]) * 1000 for i in sent]
+    after_commit = [(started[i] - committed[i]) * 1000 for i in sent]
+    return {
+        "p50_ms": percentile(latency, 50),
+        "p95_ms": percentile(latency, 95),
+        "p99_ms": percentile(latency, 99),
+        "after_commit_p50_ms": percentile(after_commit, 50),
+        "after_commit_p95_ms": percentile(after_commit, 95),
+    }
+
+
+# Child side: one worker process.
+
+
+async def _child(mode: str, package: str) -> None:
+    queue_client = importlib.import_module(f"{package}.queue_client")
+    registry = importlib.import_module(f"{package}.registry")
+    settings_module = importlib.import_module(f"{package}.settings")
+    worker_module = importlib.import_module(f"{package}.worker")
+    importlib.import_module(f"{package}.logs").configure(os.environ.get("LOG_LEVEL", "WARNING"))
+
+    settings = settings_module.Settings.from_env()
+    queue = await queue_client.open_queue(settings)
+    worker = worker_module.Worker(queue, settings, registry.load_handlers())
+    loop = asyncio.get_running_loop()
+    print("ready", flush=True)
+    await loop.run_in_executor(None, sys.stdin.readline)  # go
+    try:
+        if mode == "drain":
+            await worker.drain()
+            print(
+                json.dumps({"done": worker.counts["done"], "finished_at": time.perf_counter()}),
+                flush=True,
+            )
+        else:
+            running = asyncio.create_task(worker.run())
+            await loop.run_in_executor(None, sys.stdin.readline)  # EOF: stop
+            worker.stop()
+            await running
+    finally:
+        await queue.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(_child(sys.argv[1], sys.argv[2]))

@@ -1,0 +1,219 @@
+"""Scenarios that drive the queue's SQL API directly with psycopg: the ceiling any worker on
+top of it can reach, and the costs underneath (durable commits, wake-ups, table size)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import statistics
+import threading
+import time
+
+import psycopg
+
+from .stack import SCHEMA, Stack, wait_idle_autovacuum
+
+S = SCHEMA
+CLAIM_BATCH = 100
+ENQUEUE_BATCH = 1000
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def reset(stack: Stack, queued: int = 0) -> None:
+    """An empty, vacuumed jobs table, then `queued` runnable no-op jobs (inserted in one
+    statement: setting up is not what is measured)."""
+    with stack.cluster.connect(autocommit=True) as conn:
+        conn.execute(f"truncate {S}.jobs")
+        if queued:
+            conn.execute(
+                f"insert into {S}.jobs (kind, payload) "
+                f"select 'noop', jsonb_build_object('n', n) from generate_series(1, %s) as n",
+                (queued,),
+            )
+        conn.execute(f"vacuum analyze {S}.jobs")
+    wait_idle_autovacuum(stack)
+
+
+def commit_latency(stack: Stack, samples: int) -> dict[str, float]:
+    """A single-row INSERT in its own transaction: what one durable commit costs here."""
+    with stack.cluster.connect(autocommit=True) as conn:
+        conn.execute("create table if not exists bench_commit (id bigint, at timestamptz)")
+        times = []
+        for i in range(samples):
+            started = time.perf_counter()
+            conn.execute("insert into bench_commit values (%s, now())", (i,), prepare=True)
+            times.append((time.perf_counter() - started) * 1000)
+        conn.execute("drop table bench_commit")
+    return {"p50_ms": percentile(times, 50), "p95_ms": percentile(times, 95)}
+
+
+def enqueue_many(stack: Stack, jobs: int) -> dict[str, float]:
+    """Bulk enqueue through enqueue_many(jsonb), ENQUEUE_BATCH jobs a call, one connection."""
+    reset(stack)
+    batches = [
+        json.dumps([{"kind": "noop", "payload": {"n": n}} for n in range(first, first + size)])
+        for first in range(0, jobs, ENQUEUE_BATCH)
+        for size in [min(ENQUEUE_BATCH, jobs - first)]
+    ]
+    with stack.cluster.connect(autocommit=True) as conn:
+        started = time.perf_counter()
+        for batch in batches:
+            conn.execute(
+                f"select count(*) from {S}.enqueue_many(%s::jsonb)", (batch,), prepare=True
+            )
+        elapsed = time.perf_counter() - started
+        count = conn.execute(f"select count(*) from {S}.jobs").fetchone()[0]
+    if count != jobs:
+        raise RuntimeError(f"enqueue_many stored {count} of {jobs} jobs")
+    return {"jobs_per_s": jobs / elapsed}
+
+
+def _claim_loop(dsn: str, name: str, go: multiprocessing.Event, out: multiprocessing.Queue) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        claim = f"select id, lock_token from {S}.claim(%s, %s, null, %s)"
+        complete = f"select count(*) from {S}.complete_many(%s::bigint[], %s::uuid[])"
+        # Warm up on an empty queue: statements prepared, the functions' plans cached.
+        conn.execute(claim, (name, CLAIM_BATCH, "warm-up"), prepare=True).fetchall()
+        conn.execute(complete, ([], []), prepare=True)
+        go.wait()
+        done = 0
+        claiming = 0.0  # time spent in claim() calls, commits included
+        while True:
+            began = time.perf_counter()
+            rows = conn.execute(claim, (name, CLAIM_BATCH, "default"), prepare=True).fetchall()
+            claiming += time.perf_counter() - began
+            if not rows:
+                break
+            ids, tokens = zip(*rows, strict=True)
+            done += conn.execute(complete, (list(ids), list(tokens)), prepare=True).fetchone()[0]
+        out.put((done, time.perf_counter(), claiming))
+
+
+def claim_loop(stack: Stack, jobs: int, processes: int) -> dict[str, float]:
+    """`processes` processes, each looping claim(100) + complete_many() until the queue is empty:
+    the jobs/s the SQL API allows with a no-op handler and nothing else in the way."""
+    reset(stack, queued=jobs)
+    return {"jobs_per_s": _run_claimers(stack, jobs, processes)[0]}
+
+
+def _run_claimers(stack: Stack, jobs: int, processes: int) -> tuple[float, float]:
+    """jobs/s, and microseconds per claimed row spent in claim() calls."""
+    ctx = multiprocessing.get_context("fork")
+    go, out = ctx.Event(), ctx.Queue()
+    procs = [
+        ctx.Process(target=_claim_loop, args=(stack.dsn(), f"bench-{i}", go, out))
+        for i in range(processes)
+    ]
+    for proc in procs:
+        proc.start()
+    time.sleep(0.3 + 0.1 * processes)  # connected and warmed up
+    started = time.perf_counter()
+    go.set()
+    results = [out.get(timeout=600) for _ in procs]
+    for proc in procs:
+        proc.join()
+    done = sum(count for count, _, _ in results)
+    if done != jobs:
+        raise RuntimeError(f"claimers completed {done} of {jobs} jobs")
+    elapsed = max(at for _, at, _ in results) - started
+    return jobs / elapsed, sum(claiming for _, _, claiming in results) / jobs * 1e6
+
+
+def finished_rows(stack: Stack, jobs: int, finished: int, repeats: int) -> dict[str, list[float]]:
+    """claim(100)+complete_many jobs/s (one process) on an empty table, then with `finished`
+    done jobs kept in it (vacuumed and analyzed, as autovacuum leaves a table at rest); and
+    the claim() calls' own cost per row, which is what the table's size could slow down."""
+    empty, empty_claim = [], []
+    for _ in range(repeats):
+        reset(stack, queued=jobs)
+        rate, claim_us = _run_claimers(stack, jobs, 1)
+        empty.append(rate)
+        empty_claim.append(claim_us)
+    full, full_claim = [], []
+    reset(stack)
+    with stack.cluster.connect(autocommit=True) as conn:
+        conn.execute(
+            f"insert into {S}.jobs (kind, payload, status, attempts, created_at, run_after, "
+            f"finished_at) select 'noop', jsonb_build_object('n', n), 'done', 1, "
+            f"now() - interval '1 hour', now() - interval '1 hour', now() - interval '1 hour' "
+            f"from generate_series(1, %s) as n",
+            (finished,),
+        )
+    for _ in range(repeats):
+        with stack.cluster.connect(autocommit=True) as conn:
+            # the previous repeat's jobs are finished rows now too
+            conn.execute(
+                f"insert into {S}.jobs (kind, payload) "
+                f"select 'noop', jsonb_build_object('n', n) from generate_series(1, %s) as n",
+                (jobs,),
+            )
+            conn.execute(f"vacuum analyze {S}.jobs")
+        wait_idle_autovacuum(stack)
+        rate, claim_us = _run_claimers(stack, jobs, 1)
+        full.append(rate)
+        full_claim.append(claim_us)
+    return {
+        "empty_jobs_per_s": empty,
+        "full_jobs_per_s": full,
+        "full_vs_empty": [statistics.median(full) / statistics.median(empty)],
+        "empty_claim_us_per_row": empty_claim,
+        "full_claim_us_per_row": full_claim,
+        "claim_cost_full_vs_empty": [
+            statistics.median(full_claim) / statistics.median(empty_claim)
+        ],
+    }
+
+
+def notify_latency(stack: Stack, samples: int, rate: float) -> dict[str, float]:
+    """enqueue() at `rate` jobs/s from one connection; a second connection LISTENs on the
+    queue's channel. Latency: from the start of the enqueue call (its durable commit
+    included) to the notification's arrival at the listener."""
+    reset(stack)
+    received: list[float] = []
+    listening = threading.Event()
+
+    def listen() -> None:
+        with psycopg.connect(stack.dsn(), autocommit=True) as conn:
+            conn.execute(f"listen {S}")
+            listening.set()
+            for _ in conn.notifies(timeout=samples / rate + 10, stop_after=samples + 1):
+                received.append(time.perf_counter())
+
+    listener = threading.Thread(target=listen)
+    listener.start()
+    listening.wait(10)
+    sent: list[float] = []
+    committed: list[float] = []
+    with psycopg.connect(stack.dsn(), autocommit=True) as conn:
+        enqueue = f"select {S}.enqueue('noop')"
+        conn.execute(enqueue, prepare=True)  # warm-up; its notification is not counted
+        time.sleep(0.2)
+        interval = 1 / rate
+        next_at = time.perf_counter()
+        for _ in range(samples):
+            while (now := time.perf_counter()) < next_at:
+                time.sleep(min(0.001, next_at - now))
+            sent.append(time.perf_counter())
+            conn.execute(enqueue, prepare=True)
+            committed.append(time.perf_counter())
+            next_at += interval
+    listener.join()
+    received = received[1:]  # the warm-up's
+    if len(received) < samples:
+        raise RuntimeError(f"the listener got {len(received)} of {samples} notifications")
+    latency = [(r - s) * 1000 for r, s in zip(received, sent, strict=False)]
+    after_commit = [(r - c) * 1000 for r, c in zip(received, committed, strict=False)]
+    return {
+        "p50_ms": percentile(latency, 50),
+        "p95_ms": percentile(latency, 95),
+        "p99_ms": percentile(latency, 99),
+        "enqueue_call_p50_ms": percentile(
+            [(c - s) * 1000 for c, s in zip(committed, sent, strict=True)], 50
+        ),
+        "after_commit_returned_p50_ms": percentile(after_commit, 50),
+    }

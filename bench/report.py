@@ -1,0 +1,106 @@
+"""Summaries of the repeated measurements: the table on the terminal and the JSON file."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+PEERS = ("pgqueuer", "procrastinate")
+# Which of a peer's figures a figure of ours is compared with (same kind of work).
+COMPARE_WITH = {"jobs_per_s": "drain_jobs_per_s", "enqueue_jobs_per_s": "enqueue_jobs_per_s"}
+
+
+def unit_of(figure: str) -> str:
+    for marker, unit in (("us_per_row", "us/row"), ("jobs_per_s", "jobs/s"), ("_ms", "ms")):
+        if marker in figure:
+            return unit
+    return "ratio"
+
+
+def summarize(raw: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
+    """{scenario: {figure: [values]}} -> {scenario: {figure: {unit, values, median, min, max,
+    vs_<peer>}}}; a throughput figure gets its ratio to each peer's matching median."""
+    out: dict[str, Any] = {}
+    for scenario, figures in raw.items():
+        out[scenario] = {
+            figure: {
+                "unit": unit_of(figure),
+                "values": [round(v, 3) for v in values],
+                "median": round(statistics.median(values), 3),
+                "min": round(min(values), 3),
+                "max": round(max(values), 3),
+            }
+            for figure, values in figures.items()
+            if values
+        }
+    for scenario, figures in out.items():
+        if scenario in PEERS:
+            continue
+        for figure, summary in figures.items():
+            kind = "enqueue_jobs_per_s" if scenario == "enqueue_many" else figure
+            peer_figure = COMPARE_WITH.get(kind)
+            for peer in PEERS:
+                peer_summary = out.get(peer, {}).get(peer_figure or "")
+                if peer_summary and peer_summary["median"]:
+                    summary[f"vs_{peer}"] = round(summary["median"] / peer_summary["median"], 2)
+    return out
+
+
+def _number(value: float | None) -> str:
+    if value is None:
+        return ""
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.2f}"
+
+
+def table(summary: dict[str, Any]) -> str:
+    header = ["scenario", "figure", "unit", "median", "min", "max", "n"]
+    header += [f"x {peer}" for peer in PEERS]
+    rows = [header]
+    for scenario, figures in summary.items():
+        for figure, s in figures.items():
+            ratios = [s.get(f"vs_{peer}") for peer in PEERS]
+            rows.append(
+                [
+                    scenario,
+                    figure,
+                    s["unit"],
+                    _number(s["median"]),
+                    _number(s["min"]),
+                    _number(s["max"]),
+                    str(len(s["values"])),
+                    *(f"{r:.2f}x" if r is not None else "" for r in ratios),
+                ]
+            )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = []
+    for n, row in enumerate(rows):
+        cells = [
+            cell.ljust(width) if i < 3 else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def markdown_table(summary: dict[str, Any]) -> str:
+    """The same table in Markdown, for docs/performance.md."""
+    head = "| scenario | figure | unit | median | min | max | x pgqueuer | x procrastinate |"
+    lines = [head, "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for scenario, figures in summary.items():
+        for figure, s in figures.items():
+            ratios = [s.get(f"vs_{peer}") for peer in PEERS]
+            cells = [scenario, figure, s["unit"], *map(_number, (s["median"], s["min"], s["max"]))]
+            cells += [f"{r:.2f}x" if r is not None else "" for r in ratios]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_json(path: Path, document: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=2) + "\n")

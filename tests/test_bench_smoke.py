@@ -1,0 +1,57 @@
+"""The benchmark (bench/run) on tiny sizes, so it never rots: every scenario runs and reports
+numbers. The figures themselves are docs/performance.md's business, not this test's."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from tests.support.project import REPO, run
+
+BENCH = REPO / "bench" / "run"
+SCENARIOS = {
+    "commit_latency": {"p50_ms", "p95_ms"},
+    "enqueue_many": {"jobs_per_s"},
+    "sql_claim_1proc": {"jobs_per_s"},
+    "sql_claim_4proc": {"jobs_per_s"},
+    "notify_latency": {"p50_ms", "p95_ms", "p99_ms"},
+    "pgqueuer": {"enqueue_jobs_per_s", "drain_jobs_per_s"},
+    "procrastinate": {"enqueue_jobs_per_s", "drain_jobs_per_s"},
+    "finished_rows": {"empty_jobs_per_s", "full_jobs_per_s", "full_vs_empty"},
+    # the generated project's own worker, through its handler registry
+    "worker_postgres_1proc": {"jobs_per_s"},
+    "worker_postgres_4proc": {"jobs_per_s"},
+    "worker_latency_postgres": {"p50_ms", "p95_ms", "p99_ms"},
+    "worker_supabase_1proc": {"jobs_per_s"},
+    "worker_supabase_4proc": {"jobs_per_s"},
+    "worker_latency_supabase": {"p50_ms", "p95_ms", "p99_ms"},
+}
+
+
+def test_bench_runs_every_scenario_on_a_tiny_size(tmp_path: Path) -> None:
+    # Installing bench/.venv the first time is not what the time limit is about.
+    run([BENCH, "--setup-only"], timeout=900)
+    out = tmp_path / "result.json"
+
+    printed = run([BENCH, "--smoke", "--repeats", "1", "--out", out], timeout=300)
+
+    result = json.loads(out.read_text())
+    assert not result["skipped"], f"scenarios were skipped: {result['skipped']}"
+    scenarios = result["scenarios"]
+    for scenario, figures in SCENARIOS.items():
+        assert scenario in scenarios, f"{scenario} missing from {sorted(scenarios)}"
+        assert figures <= set(scenarios[scenario]), f"{scenario}: {sorted(scenarios[scenario])}"
+        for figure, summary in scenarios[scenario].items():
+            values = [summary[key] for key in ("min", "median", "max")]
+            assert all(isinstance(v, int | float) and math.isfinite(v) for v in values), summary
+            assert values == sorted(values), f"{scenario}.{figure}: {summary}"
+            # (a notification may arrive before the sender's commit returns: that offset may
+            # be negative; the listed figures may not)
+            assert figure not in figures or values[0] > 0, f"{scenario}.{figure}: {summary}"
+    # Every throughput figure of ours is compared with both peers.
+    for scenario in ("sql_claim_1proc", "worker_postgres_4proc", "worker_supabase_1proc"):
+        assert {"vs_pgqueuer", "vs_procrastinate"} <= set(scenarios[scenario]["jobs_per_s"])
+    assert result["server"]["fsync"] == "on"
+    assert result["server"]["synchronous_commit"] == "on"
+    assert "sql_claim_4proc" in printed and "x pgqueuer" in printed
