@@ -191,6 +191,10 @@ class Worker:
             # Retryable: during a rolling deploy, a newer worker may know the kind.
             await self._fail(job, error, retryable=True, started=started, fields=fields)
             return
+        if job.payload_error is not None:
+            error = f"invalid payload for {job.kind!r}: {job.payload_error}"
+            await self._fail(job, error, retryable=False, started=started, fields=fields)
+            return
         try:
             payload = registration.payload_model.model_validate(job.payload)
         except ValidationError as exc:

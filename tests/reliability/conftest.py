@@ -1,0 +1,106 @@
+"""Fixtures for the reliability suite: rendered Python workers with the chaos handlers added,
+worker fleets that are killed whatever happens, and a log directory the handlers write to.
+
+The workers run on the interpreter that runs pytest (it has every dependency a generated
+worker needs), so this suite installs nothing: tests/worker/ already proves each variant
+installs and passes its own checks in a venv of its own.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.cluster import Cluster
+from tests.support.project import render
+from tests.worker.helpers import PACKAGE, Installed, Workers
+
+from .harness import CHAOS_HANDLERS
+
+# (worker_style, claim_transport) of the variants this suite drives
+PYTHON = ("python", "postgres")
+HTTP = ("python-http", "postgres")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.path).parents:
+            item.add_marker(pytest.mark.reliability)
+
+
+@pytest.fixture(scope="session")
+def interpreter(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv-shaped folder whose bin/python runs pytest's own interpreter (a script, not a
+    symlink, so that a virtualenv running pytest stays in effect)."""
+    root = tmp_path_factory.mktemp("interpreter")
+    python = root / "bin" / "python"
+    python.parent.mkdir()
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    return root
+
+
+@pytest.fixture(scope="session")
+def chaos_variants(
+    template: Path, interpreter: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[tuple[str, str], Installed]:
+    """Each variant this suite drives, rendered with the defaults, its src/ copied with the
+    chaos handlers added as handlers/reliability.py."""
+    variants = {}
+    for style, transport in (PYTHON, HTTP):
+        root = tmp_path_factory.mktemp(f"{style}-{transport}")
+        path = render(template, root / "project", worker_style=style, claim_transport=transport)
+        src = root / "chaos" / "src"
+        shutil.copytree(path / "src", src)
+        (src / PACKAGE / "handlers" / "reliability.py").write_text(CHAOS_HANDLERS)
+        variants[style, transport] = Installed(style, transport, path, interpreter, src)
+    return variants
+
+
+@pytest.fixture
+def audit_dir(tmp_path: Path) -> Path:
+    """Where the chaos handlers log every execution (a file per worker process)."""
+    path = tmp_path / "audit"
+    path.mkdir()
+    return path
+
+
+Fleet = Callable[..., Workers]
+
+
+@pytest.fixture
+def fleet(
+    chaos_variants: dict[tuple[str, str], Installed],
+    stack: Cluster,
+    audit_dir: Path,
+    tmp_path: Path,
+) -> Iterator[Fleet]:
+    """fleet(variant, **env) -> Workers of that variant against the stack (or the cluster in
+    DB_URL), quiet logs, the chaos handlers logging to audit_dir; all killed at teardown."""
+    fleets: list[Workers] = []
+
+    def make(variant: tuple[str, str] = PYTHON, **env: object) -> Workers:
+        settings = {
+            "DB_URL": stack.dsn(),
+            "SERVICE_ROLE_KEY": "unused-by-the-postgres-transport",
+            "RELIABILITY_AUDIT_DIR": str(audit_dir),
+            "LOG_LEVEL": "WARNING",
+            "WORKER_POLL_INTERVAL": "1",
+            "WORKER_CONCURRENCY": "20",
+            "WORKER_BATCH_SIZE": "20",
+            "WORKER_SHUTDOWN_GRACE": "5",
+        } | {k: str(v) for k, v in env.items()}
+        logs = tmp_path / f"fleet-{len(fleets)}"
+        logs.mkdir()
+        workers = Workers(chaos_variants[variant], settings, logs)
+        fleets.append(workers)
+        return workers
+
+    yield make
+    for workers in fleets:
+        workers.kill_all()

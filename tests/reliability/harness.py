@@ -1,0 +1,447 @@
+"""What the reliability tests share: the job kinds they run, the sweeper pg_cron would be,
+bulk enqueues, the wait for a drained queue, and the audit every fault run ends with.
+
+Every handler execution is logged by the handler itself (one JSON line per event, appended
+with a single write to a file per worker process, so a `kill -9` loses nothing it wrote),
+and the audit compares those logs with the jobs table.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+# Added to a copy of each rendered project as handlers/reliability.py, the way a user adds a
+# handler module. Each kind logs "start", then "raise" or "ok", for every execution.
+CHAOS_HANDLERS = '''\
+"""reliability: job kinds for the template's reliability suite; each execution is logged."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from ..registry import JobInfo, handler
+
+_LOG = os.open(
+    os.path.join(os.environ["RELIABILITY_AUDIT_DIR"], f"{os.getpid()}.jsonl"),
+    os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+    0o644,
+)
+_WORKER = os.environ.get("WORKER_NAME", str(os.getpid()))
+
+
+def record(job: JobInfo, event: str) -> None:
+    line = {"job": job.id, "attempt": job.attempt, "kind": job.kind, "event": event}
+    line |= {"worker": _WORKER, "t": time.time()}
+    os.write(_LOG, (json.dumps(line) + "\\n").encode())
+
+
+async def run(job: JobInfo, fail: int) -> None:
+    """Raise on the first `fail` attempts, succeed after."""
+    record(job, "start")
+    if job.attempt <= fail:
+        record(job, "raise")
+        raise RuntimeError(f"chaos: attempt {job.attempt} of job {job.id} fails on purpose")
+    record(job, "ok")
+
+
+class Email(BaseModel):
+    n: int
+    fail: int = 0
+    to: str
+
+
+class Webhook(BaseModel):
+    n: int
+    fail: int = 0
+    url: str
+
+
+class Report(BaseModel):
+    n: int
+    fail: int = 0
+    rows: list[int]
+
+
+@handler("soak_email", timeout=30)
+async def soak_email(payload: Email, job: JobInfo) -> None:
+    await run(job, payload.fail)
+
+
+@handler("soak_webhook", timeout=30)
+async def soak_webhook(payload: Webhook, job: JobInfo) -> None:
+    await run(job, payload.fail)
+
+
+@handler("soak_report", timeout=30)
+async def soak_report(payload: Report, job: JobInfo) -> None:
+    await run(job, payload.fail)
+
+
+class Hang(BaseModel):
+    how: Literal["await", "thread"]
+    hang_attempts: int = 1
+
+
+@handler("hang", timeout=1)
+async def hang(payload: Hang, job: JobInfo) -> None:
+    """Hangs far past its 1 s timeout on its first attempts: in the event loop, or in a
+    thread the worker can only abandon."""
+    record(job, "start")
+    if job.attempt <= payload.hang_attempts:
+        if payload.how == "await":
+            await asyncio.sleep(3600)
+        else:
+            await asyncio.to_thread(time.sleep, 30)
+    record(job, "ok")
+
+
+class Line(BaseModel):
+    sku: str
+    qty: int
+
+
+class Order(BaseModel):
+    order_id: int
+    note: str = Field("", max_length=1000)
+    lines: list[Line] = []
+
+
+@handler("strict_order", timeout=30)
+async def strict_order(payload: Order, job: JobInfo) -> None:
+    await run(job, 0)
+
+
+class Blob(BaseModel):
+    data: str
+
+
+@handler("blob", timeout=30)
+async def blob(payload: Blob, job: JobInfo) -> None:
+    await run(job, 0)
+'''
+
+SOAK_KINDS = {
+    "soak_email": lambda n: {"to": f"user{n}@example.com"},
+    "soak_webhook": lambda n: {"url": f"https://example.com/hooks/{n}"},
+    "soak_report": lambda n: {"rows": [n, n + 1, n + 2]},
+}
+TERMINAL = ("done", "failed", "cancelled")
+
+
+def figures(name: str, **values: object) -> str:
+    """One line of figures in the test output (run pytest with -s to see it)."""
+    shown = " ".join(
+        f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items()
+    )
+    line = f"[reliability] {name}: {shown}"
+    print(line, flush=True)
+    return line
+
+
+@dataclass
+class Plan:
+    """Jobs to enqueue: (kind, payload, max_attempts), and what each should end as."""
+
+    jobs: list[tuple[str, dict, int]]
+
+    @classmethod
+    def soak(cls, count: int, max_attempts: int = 3, seed: int = 7) -> Plan:
+        """`count` jobs over the three soak kinds; 5% of them raise on their first attempt
+        (a fifth of those on their second too, and one in 25 on every attempt)."""
+        rng = random.Random(seed)
+        kinds = list(SOAK_KINDS)
+        jobs = []
+        for n in range(count):
+            kind = kinds[n % len(kinds)]
+            fail = 0
+            if rng.random() < 0.05:
+                fail = rng.choices([1, 2, max_attempts], weights=[76, 20, 4])[0]
+            jobs.append((kind, {"n": n, "fail": fail, **SOAK_KINDS[kind](n)}, max_attempts))
+        return cls(jobs)
+
+    def expected(self, index: int) -> tuple[str, int]:
+        """(status, attempts) the job at `index` ends with when nothing else goes wrong."""
+        _, payload, max_attempts = self.jobs[index]
+        fail = payload.get("fail", 0)
+        return ("failed", max_attempts) if fail >= max_attempts else ("done", fail + 1)
+
+
+def enqueue_plan(db: psycopg.Connection, plan: Plan, chunk: int = 5000) -> list[int]:
+    """Enqueue the plan through pgqueue.enqueue_many, `chunk` jobs per statement."""
+    ids: list[int] = []
+    for start in range(0, len(plan.jobs), chunk):
+        batch = [
+            {"kind": kind, "payload": payload, "max_attempts": attempts}
+            for kind, payload, attempts in plan.jobs[start : start + chunk]
+        ]
+        rows = db.execute("select pgqueue.enqueue_many(%s)", (Jsonb(batch),)).fetchall()
+        ids.extend(row[0] for row in rows)
+    assert len(ids) == len(plan.jobs)
+    return ids
+
+
+class Sweeper:
+    """What pg_cron does, but every `interval` seconds instead of every minute: sweep()
+    rescues expired leases and re-wakes workers. With `fast_backoff`, jobs waiting out a
+    retry backoff are made due at once first (the test's clock runs faster than the
+    backoff's). Survives a database restart: it reconnects, as pg_cron's next run would."""
+
+    def __init__(
+        self,
+        dsn: str,
+        interval: float = 0.5,
+        fast_backoff: bool = True,
+        session_sql: Iterable[tuple[str, tuple]] = (),
+    ) -> None:
+        self.dsn = dsn
+        self.interval = interval
+        self.fast_backoff = fast_backoff
+        self.session_sql = list(session_sql)
+        self.sweeps = 0
+        self.rescued = 0
+        self.dead_lettered = 0
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sweeper", daemon=True)
+
+    def __enter__(self) -> Sweeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        conn: psycopg.Connection | None = None
+        while not self._stop.wait(self.interval):
+            try:
+                if conn is None or conn.closed or conn.broken:
+                    conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=2)
+                    for sql, params in self.session_sql:
+                        conn.execute(sql, params)
+                self.sweep(conn)
+            except psycopg.OperationalError:
+                self.errors += 1
+                if conn is not None:
+                    conn.close()
+                conn = None
+        if conn is not None:
+            conn.close()
+
+    def sweep(self, conn: psycopg.Connection) -> None:
+        if self.fast_backoff:
+            conn.execute(
+                "update pgqueue.jobs set run_after = now()"
+                " where status = 'queued' and run_after > now()"
+            )
+        row = conn.execute("select rescued, dead_lettered from pgqueue.sweep()").fetchone()
+        assert row is not None
+        self.sweeps += 1
+        self.rescued += row[0]
+        self.dead_lettered += row[1]
+
+
+def unfinished(db: psycopg.Connection) -> int:
+    row = db.execute(
+        "select count(*) from pgqueue.jobs where status in ('queued', 'running')"
+    ).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def wait_drained(dsn: str, timeout: float, interval: float = 0.25) -> float:
+    """Seconds until no job is queued or running. Reconnects when the server goes away (the
+    restart test restarts it meanwhile)."""
+    started = time.monotonic()
+    conn: psycopg.Connection | None = None
+    try:
+        while True:
+            try:
+                if conn is None or conn.closed or conn.broken:
+                    conn = psycopg.connect(dsn, autocommit=True, connect_timeout=2)
+                if unfinished(conn) == 0:
+                    return time.monotonic() - started
+            except psycopg.OperationalError:
+                conn = None
+            if time.monotonic() - started > timeout:
+                with psycopg.connect(dsn, autocommit=True) as check:
+                    left = unfinished(check)
+                pytest.fail(f"the queue did not drain in {timeout}s: {left} jobs left")
+            time.sleep(interval)
+    finally:
+        if conn is not None:
+            conn.close()
+
+
+@dataclass
+class Execution:
+    attempt: int
+    event: str
+    worker: str
+    t: float
+
+
+def executions(audit_dir: Path) -> dict[int, list[Execution]]:
+    """Every execution event the handlers logged, per job, in order of time."""
+    runs: dict[int, list[Execution]] = defaultdict(list)
+    for path in audit_dir.glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            if not line.endswith("}"):
+                continue  # a line cut short by kill -9 can only be the last one of its file
+            entry = json.loads(line)
+            runs[entry["job"]].append(
+                Execution(entry["attempt"], entry["event"], entry["worker"], entry["t"])
+            )
+    for events in runs.values():
+        events.sort(key=lambda e: e.t)
+    return runs
+
+
+@dataclass
+class Audit:
+    """The outcome of every enqueued job, checked against the handlers' own logs."""
+
+    jobs: int = 0
+    done: int = 0
+    failed: int = 0
+    retried: int = 0  # jobs that needed more than one attempt
+    attempts: int = 0
+    missing: list[int] = field(default_factory=list)
+    unfinished: list[int] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    # jobs whose handler finished twice because the first finish was never reported (its
+    # worker was killed, or the server restarted, before complete): at-least-once at work
+    rerun_after_fault: int = 0
+
+    @property
+    def lost(self) -> int:
+        return len(self.missing) + len(self.unfinished)
+
+    def check(self) -> None:
+        assert not self.missing, f"{len(self.missing)} jobs missing: {self.missing[:10]}"
+        assert not self.unfinished, (
+            f"{len(self.unfinished)} jobs not finished: {self.unfinished[:10]}"
+        )
+        assert not self.problems, f"{len(self.problems)} problems:\n" + "\n".join(
+            self.problems[:20]
+        )
+
+
+def audit(
+    db: psycopg.Connection,
+    ids: list[int],
+    audit_dir: Path,
+    plan: Plan | None = None,
+    faulty_run: object = None,
+) -> Audit:
+    """Each enqueued job is in a terminal state exactly once, with its attempts and errors
+    recorded, none missing, none done twice.
+
+    Without faults (`faulty_run` None) the check is exact: the handler started once per
+    counted attempt, finished once, and the job ended as the plan says. With faults,
+    `faulty_run(execution)` says whether an execution was cut off by one (its worker was
+    killed, the server restarted under it): such an attempt may be counted without a log
+    line, may have finished without being reported (then the job runs again), and may have
+    used up an attempt the plan did not expect."""
+    result = Audit(jobs=len(ids))
+    rows = {
+        row[0]: row[1:]
+        for row in db.execute(
+            "select id, status, attempts, max_attempts, last_error, finished_at, lock_token"
+            " from pgqueue.jobs where id = any(%s)",
+            (ids,),
+        )
+    }
+    extra = db.execute(
+        "select count(*) from pgqueue.jobs where not (id = any(%s))", (ids,)
+    ).fetchone()
+    if extra and extra[0]:
+        result.problems.append(f"{extra[0]} jobs in the table that nobody enqueued")
+    runs = executions(audit_dir)
+    expected = {job_id: plan.expected(i) for i, job_id in enumerate(ids)} if plan else {}
+    problem = result.problems.append
+    for job_id in ids:
+        row = rows.get(job_id)
+        if row is None:
+            result.missing.append(job_id)
+            continue
+        status, attempts, max_attempts, last_error, finished_at, lock_token = row
+        result.attempts += attempts
+        if status not in TERMINAL:
+            result.unfinished.append(job_id)
+            continue
+        if finished_at is None or lock_token is not None:
+            problem(f"job {job_id}: {status} without finished_at, or still holding a lease")
+        events = runs.get(job_id, [])
+        started = [e.attempt for e in events if e.event == "start"]
+        finished = [e for e in events if e.event == "ok"]
+        if len(started) != len(set(started)):
+            problem(f"job {job_id}: one attempt started twice (a double claim): {started}")
+        if started and max(started) > attempts:
+            problem(f"job {job_id}: attempt {max(started)} ran but {attempts} were counted")
+        if attempts > max_attempts:
+            problem(f"job {job_id}: {attempts} attempts, more than its {max_attempts}")
+        if attempts > 1:
+            result.retried += 1
+            if not last_error:
+                problem(f"job {job_id}: {attempts} attempts but no error recorded")
+        cut_off = faulty_run is not None and any(
+            faulty_run(e) for e in events if e.event == "start"
+        )
+        if status == "done":
+            result.done += 1
+            if not finished or finished[-1].attempt != attempts:
+                problem(f"job {job_id}: done, but attempt {attempts} never finished")
+            unreported = [e for e in finished[:-1] if not (faulty_run and faulty_run(e))]
+            if unreported:
+                problem(f"job {job_id}: done twice: {[(e.attempt, e.worker) for e in finished]}")
+            if len(finished) > 1:
+                result.rerun_after_fault += 1
+        elif status == "failed":
+            result.failed += 1
+            if not last_error:
+                problem(f"job {job_id}: failed without an error recorded")
+            if finished:
+                problem(
+                    f"job {job_id}: failed, but its handler finished at attempt(s) "
+                    f"{[e.attempt for e in finished]}"
+                )
+        never_ran = status == "failed" and (last_error or "").startswith("invalid payload")
+        if faulty_run is None and len(started) != attempts and not never_ran:
+            problem(f"job {job_id}: {attempts} attempts counted, {len(started)} ran")
+        if job_id in expected:
+            want_status, want_attempts = expected[job_id]
+            if (status, attempts) != (want_status, want_attempts):
+                # a fault may use up attempts: a killed run, or a claim whose worker died
+                # before the handler started (counted, never logged), or a rescued lease
+                faulted = (
+                    cut_off or attempts > len(set(started)) or "lease expired" in (last_error or "")
+                )
+                if faulty_run is None or not faulted or attempts < want_attempts:
+                    problem(
+                        f"job {job_id}: {status} after {attempts} attempts, expected "
+                        f"{want_status} after {want_attempts} (last error: {last_error})"
+                    )
+            elif want_status == "failed" and not (last_error or "").startswith(
+                "RuntimeError: chaos"
+            ):
+                problem(f"job {job_id}: dead-lettered with error {last_error!r}")
+    return result

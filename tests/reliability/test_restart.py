@@ -1,0 +1,116 @@
+"""The PostgreSQL server restarted under running workers, with a fast shutdown and with an
+immediate one (a crash, as far as the workers can tell): they reconnect with backoff and
+finish the run; no job is lost.
+
+This test has a cluster of its own: a restart would break every other fixture's connections
+to the shared one. Its commits are synchronous (unlike the other test clusters): an
+immediate shutdown may lose the WAL of asynchronous commits, and that would be the test's
+setting losing jobs, not the queue."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.cluster import Cluster
+from tests.support.project import push_migrations
+from tests.support.stack import start_supabase_like_cluster
+from tests.worker.helpers import wait_until
+
+from .conftest import PYTHON, Fleet
+from .harness import Execution, Plan, Sweeper, audit, enqueue_plan, figures, wait_drained
+
+JOBS = 20_000
+WORKERS = 2
+LEASE_SECONDS = 3
+
+
+@pytest.fixture
+def own_cluster(project: Path) -> Iterator[Cluster]:
+    cluster = start_supabase_like_cluster(
+        fsync="off", synchronous_commit="on", full_page_writes="off"
+    )
+    try:
+        push_migrations(project, cluster.url())
+        with cluster.connect(autocommit=True) as conn:
+            conn.execute("update cron.job set active = false where jobname = 'pgqueue-sweep'")
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
+def done_count(cluster: Cluster) -> int:
+    with cluster.connect(autocommit=True) as conn:
+        row = conn.execute("select count(*) from pgqueue.jobs where status = 'done'").fetchone()
+    assert row is not None
+    return row[0]
+
+
+def worker_connections(cluster: Cluster) -> int:
+    with cluster.connect(autocommit=True) as conn:
+        row = conn.execute(
+            "select count(*) from pg_stat_activity where application_name = 'my-app-worker'"
+        ).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def test_workers_ride_out_server_restarts(
+    own_cluster: Cluster, fleet: Fleet, audit_dir: Path
+) -> None:
+    plan = Plan.soak(JOBS, max_attempts=5, seed=13)
+    with own_cluster.connect(autocommit=True) as conn:
+        ids = enqueue_plan(conn, plan)
+    workers = fleet(PYTHON, DB_URL=own_cluster.dsn(), WORKER_LEASE_SECONDS=LEASE_SECONDS)
+    outages: list[tuple[float, float]] = []  # (stopped, back), time.time()
+    reconnected: list[float] = []  # seconds from the server's return to every worker's
+
+    started = time.monotonic()
+    with Sweeper(own_cluster.dsn()) as sweeper:
+        for n in range(WORKERS):
+            workers.start(ready=False, WORKER_NAME=f"r{n}")
+        for mode, at in (("fast", 0.25), ("immediate", 0.6)):
+            while done_count(own_cluster) < at * JOBS:
+                time.sleep(0.05)
+            stopped = time.time()
+            own_cluster.stop(mode)
+            time.sleep(1)  # down long enough for the workers to notice and back off
+            own_cluster.start()
+            outages.append((stopped, time.time()))
+            back = time.monotonic()
+            wait_until(
+                # each worker: one connection for its calls, one that LISTENs
+                lambda: worker_connections(own_cluster) >= 2 * WORKERS,
+                timeout=30,
+                what="every worker to reconnect",
+            )
+            reconnected.append(time.monotonic() - back)
+        wait_drained(own_cluster.dsn(), timeout=120)
+    drained = time.monotonic() - started
+    assert all(w.proc.poll() is None for w in workers.started), "a worker died"
+
+    def cut_off(e: Execution) -> bool:
+        """Ran while a restart could keep its outcome from being reported in time."""
+        return any(down - LEASE_SECONDS <= e.t <= up + 2 * LEASE_SECONDS for down, up in outages)
+
+    with own_cluster.connect(autocommit=True) as conn:
+        result = audit(conn, ids, audit_dir, plan, faulty_run=cut_off)
+    figures(
+        "server restarts",
+        jobs=result.jobs,
+        workers=WORKERS,
+        kills=0,
+        restarts="fast+immediate",
+        drain_s=drained,
+        done=result.done,
+        failed=result.failed,
+        retried=result.retried,
+        back_in_s="+".join(f"{s:.1f}" for s in reconnected),
+        rescued_by_sweep=sweeper.rescued,
+        rerun_after_restart=result.rerun_after_fault,
+        lost=result.lost,
+    )
+    result.check()
