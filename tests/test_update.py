@@ -25,6 +25,7 @@ from tests.support.project import (
     run,
     snapshot_template,
     supabase,
+    update,
 )
 from tests.support.stack import start_supabase_like_cluster
 
@@ -185,15 +186,7 @@ def test_update_keeps_user_edits_and_jobs_and_applies_the_new_migration(
             ).fetchall()
         assert [row[2] for row in before] == ["queued", "queued", "failed", "running"]
 
-        copier.run_update(
-            str(project),
-            defaults=True,
-            overwrite=True,
-            unsafe=True,
-            vcs_ref="v1.1.0",
-            quiet=True,
-            conflict="rej",
-        )
+        update(project, "v1.1.0")
 
         files = rendered_files(project)
         assert not [p for p in files if p.suffix == ".rej"]
@@ -234,16 +227,7 @@ def test_update_to_another_transport_renders_the_new_variant(
     assert (project / "src/my_app/supabase_transport.py").exists()
     run(["git", "init", "-q", "-b", "main"], cwd=project)
     commit_all(project, "generated with the supabase transport")
-    copier.run_update(
-        str(project),
-        data={"claim_transport": "postgres"},
-        defaults=True,
-        overwrite=True,
-        unsafe=True,
-        vcs_ref="HEAD",
-        quiet=True,
-        conflict="rej",
-    )
+    update(project, "HEAD", claim_transport="postgres")
     assert not (project / "src/my_app/supabase_transport.py").exists()
     assert (project / "src/my_app/postgres_transport.py").exists()
     pyproject = (project / "pyproject.toml").read_text()
@@ -270,7 +254,5 @@ def test_latest_release_tag_updates_to_head(tmp_path: Path) -> None:
     copier.run_copy(str(REPO), str(project), defaults=True, vcs_ref=tags[0], unsafe=True)
     run(["git", "init", "-q", "-b", "main"], cwd=project)
     commit_all(project, f"generated at {tags[0]}")
-    copier.run_update(
-        str(project), defaults=True, overwrite=True, unsafe=True, vcs_ref="HEAD", conflict="rej"
-    )
+    update(project, "HEAD")
     assert not [p for p in rendered_files(project) if p.suffix == ".rej"]

@@ -12,6 +12,7 @@ import pytest
 from tests.support.cluster import Cluster
 from tests.support.http_sink import HttpSink
 from tests.support.pg_net import PgNetWorker
+from tests.support.stack import point_wake_ups
 
 GUC_KEY = "guc-test-key-not-a-real-secret"
 VAULT_KEY = "vault-test-key-not-a-real-secret"
@@ -29,11 +30,6 @@ def vault_sink() -> Iterator[HttpSink]:
         yield server
 
 
-def set_gucs(conn: psycopg.Connection, url: str | None, key: str | None) -> None:
-    conn.execute("select set_config('app.pgqueue_worker_url', %s, false)", (url or "",))
-    conn.execute("select set_config('app.service_role_key', %s, false)", (key or "",))
-
-
 def insert_jobs(conn: psycopg.Connection, n: int) -> None:
     conn.execute(
         "insert into pgqueue.jobs (kind, payload)"
@@ -49,7 +45,7 @@ def requests_queued(db: psycopg.Connection) -> int:
 def test_one_insert_of_a_thousand_jobs_sends_one_request_with_the_guc_key(
     db: psycopg.Connection, sink: HttpSink, pg_net: PgNetWorker
 ) -> None:
-    set_gucs(db, sink.url, GUC_KEY)
+    point_wake_ups(db, sink.url, GUC_KEY)
     insert_jobs(db, 1000)
     pg_net.wait_idle()
 
@@ -67,7 +63,7 @@ def test_one_insert_of_a_thousand_jobs_sends_one_request_with_the_guc_key(
 def test_each_insert_statement_sends_its_own_wake_up(
     db: psycopg.Connection, sink: HttpSink, pg_net: PgNetWorker
 ) -> None:
-    set_gucs(db, sink.url, GUC_KEY)
+    point_wake_ups(db, sink.url, GUC_KEY)
     for _ in range(3):
         db.execute("select pgqueue.enqueue('k')")
     db.execute('select pgqueue.enqueue_many(\'[{"kind": "a"}, {"kind": "b", "queue": "q2"}]\')')
@@ -79,7 +75,7 @@ def test_each_insert_statement_sends_its_own_wake_up(
 def test_delayed_jobs_and_duplicate_keys_send_no_wake_up(
     db: psycopg.Connection, sink: HttpSink
 ) -> None:
-    set_gucs(db, sink.url, GUC_KEY)
+    point_wake_ups(db, sink.url, GUC_KEY)
     db.execute("select pgqueue.enqueue('later', run_after => now() + interval '1 hour')")
     assert requests_queued(db) == 0
     db.execute("select pgqueue.enqueue('k', idempotency_key => 'once')")
@@ -90,7 +86,7 @@ def test_delayed_jobs_and_duplicate_keys_send_no_wake_up(
 def test_without_a_key_nothing_is_sent_and_the_insert_commits(
     db: psycopg.Connection, sink: HttpSink
 ) -> None:
-    set_gucs(db, sink.url, None)
+    point_wake_ups(db, sink.url, None)
     insert_jobs(db, 10)
     assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (10,)
     assert requests_queued(db) == 0
@@ -102,7 +98,7 @@ def test_without_pg_net_the_insert_still_commits(
     db.execute("alter schema net rename to net_uninstalled")
     try:
         with stack.connect() as conn:  # a separate transaction, committed below
-            set_gucs(conn, sink.url, GUC_KEY)
+            point_wake_ups(conn, sink.url, GUC_KEY)
             insert_jobs(conn, 5)
             conn.commit()
     finally:
@@ -117,7 +113,7 @@ def test_a_failing_pg_net_call_warns_and_the_insert_still_commits(
     notices: list[str] = []
     with stack.connect() as conn:
         conn.add_notice_handler(lambda d: notices.append(d.message_primary))
-        set_gucs(conn, "http://127.0.0.1:9/wake", GUC_KEY)
+        point_wake_ups(conn, "http://127.0.0.1:9/wake", GUC_KEY)
         # make net.http_post raise inside the trigger (pg_net errors on e.g. a bad URL)
         conn.execute("alter table net.http_request_queue add constraint refuse check (url <> url)")
         insert_jobs(conn, 3)
@@ -132,7 +128,7 @@ def test_a_rolled_back_enqueue_leaves_no_job_and_sends_no_request(
     db: psycopg.Connection, stack: Cluster, sink: HttpSink, pg_net: PgNetWorker
 ) -> None:
     with stack.connect() as conn:
-        set_gucs(conn, sink.url, GUC_KEY)
+        point_wake_ups(conn, sink.url, GUC_KEY)
         conn.execute("create temporary table orders (id int)")
         conn.execute("insert into orders values (1)")
         conn.execute("select pgqueue.enqueue('order.placed', '{\"order\": 1}')")
@@ -166,7 +162,7 @@ def test_vault_secrets_alone_route_the_wake_up(
     db: psycopg.Connection, vault_sink: HttpSink, pg_net: PgNetWorker
 ) -> None:
     create_vault_secrets(db, vault_sink.url, VAULT_KEY)
-    set_gucs(db, None, None)
+    point_wake_ups(db, None, None)
     insert_jobs(db, 50)
     pg_net.wait_idle()
     assert len(vault_sink.requests) == 1
@@ -177,7 +173,7 @@ def test_the_guc_wins_over_vault(
     db: psycopg.Connection, sink: HttpSink, vault_sink: HttpSink, pg_net: PgNetWorker
 ) -> None:
     create_vault_secrets(db, vault_sink.url, VAULT_KEY)
-    set_gucs(db, sink.url, GUC_KEY)
+    point_wake_ups(db, sink.url, GUC_KEY)
     insert_jobs(db, 5)
     pg_net.wait_idle()
     assert vault_sink.requests == []
@@ -188,14 +184,14 @@ def test_a_vault_key_with_the_guc_url(
     db: psycopg.Connection, sink: HttpSink, pg_net: PgNetWorker
 ) -> None:
     db.execute("select vault.create_secret(%s, 'pgqueue_service_key')", (VAULT_KEY,))
-    set_gucs(db, sink.url, None)
+    point_wake_ups(db, sink.url, None)
     insert_jobs(db, 1)
     pg_net.wait_idle()
     assert [r.headers["Authorization"] for r in sink.requests] == [f"Bearer {VAULT_KEY}"]
 
 
 def test_without_vault_or_guc_nothing_is_sent(db: psycopg.Connection) -> None:
-    set_gucs(db, None, None)
+    point_wake_ups(db, None, None)
     insert_jobs(db, 3)
     assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (3,)
     assert requests_queued(db) == 0
@@ -207,7 +203,7 @@ def test_without_a_vault_schema_the_lookup_is_skipped(
     db.execute("alter schema vault rename to vault_uninstalled")
     try:
         with stack.connect() as conn:
-            set_gucs(conn, "http://127.0.0.1:9/wake", None)
+            point_wake_ups(conn, "http://127.0.0.1:9/wake", None)
             insert_jobs(conn, 2)
             conn.commit()
     finally:
@@ -240,7 +236,7 @@ def test_the_sweeper_re_wakes_workers_while_runnable_jobs_wait(
     db: psycopg.Connection, sink: HttpSink, pg_net: PgNetWorker
 ) -> None:
     db.execute("select pgqueue.enqueue('late', run_after => now() + interval '50 milliseconds')")
-    set_gucs(db, sink.url, GUC_KEY)
+    point_wake_ups(db, sink.url, GUC_KEY)
     assert db.execute("select woke from pgqueue.sweep()").fetchone() == (False,)
     time.sleep(0.1)
     assert db.execute("select woke from pgqueue.sweep()").fetchone() == (True,)

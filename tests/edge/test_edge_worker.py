@@ -17,14 +17,14 @@ from psycopg.types.json import Jsonb
 from tests.support.http_sink import HttpSink
 from tests.support.pg_net import PgNetWorker
 from tests.support.postgrest import PostgRESTStandIn
+from tests.support.stack import point_wake_ups
 
 from .deno_worker import Deno, EdgeWorker, SlowReceiver, start_edge_worker, stop_edge_worker
 
 
 def point_wakeups_at(db: psycopg.Connection, worker: EdgeWorker, key: str | None = None) -> None:
     """What `alter database ... set` does on a real project, for this session only."""
-    db.execute("select set_config('app.pgqueue_worker_url', %s, false)", (worker.url,))
-    db.execute("select set_config('app.service_role_key', %s, false)", (key or worker.key,))
+    point_wake_ups(db, worker.url, key or worker.key)
 
 
 def insert_jobs(db: psycopg.Connection, *jobs: dict) -> list[int]:

@@ -73,6 +73,22 @@ def render(template: Path, dest: Path, **answers) -> Path:
     return dest
 
 
+def update(project: Path, vcs_ref: str, **answers) -> Path:
+    """`copier update` a rendered project (a clean git work tree) to vcs_ref, replaying its
+    answers, with answers overridden; conflicts become *.rej files the tests look for."""
+    copier.run_update(
+        str(project),
+        data=answers,
+        defaults=True,
+        overwrite=True,
+        unsafe=True,
+        vcs_ref=vcs_ref,
+        quiet=True,
+        conflict="rej",
+    )
+    return project
+
+
 def rendered_files(project: Path) -> list[Path]:
     return sorted(p for p in project.rglob("*") if p.is_file() and ".git" not in p.parts)
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import psycopg
+
 from .cluster import Cluster
 
 SQL = Path(__file__).parent / "sql"
@@ -20,3 +22,10 @@ def start_supabase_like_cluster(**settings: str) -> Cluster:
         for name in ("supabase_baseline.sql", "pg_net.sql", "vault.sql"):
             conn.execute((SQL / name).read_text())
     return cluster
+
+
+def point_wake_ups(conn: psycopg.Connection, url: str | None, key: str | None) -> None:
+    """Where this session's wake-ups go and the key they carry: what `alter database postgres
+    set ...` does for a self-hosted project, for one session. None clears the setting."""
+    conn.execute("select set_config('app.pgqueue_worker_url', %s, false)", (url or "",))
+    conn.execute("select set_config('app.service_role_key', %s, false)", (key or "",))

@@ -21,6 +21,7 @@ from psycopg.types.json import Jsonb
 
 from tests.support.cluster import free_port
 from tests.support.project import questions, render, run
+from tests.support.stack import point_wake_ups
 
 PACKAGE = "my_app"  # the default answers' package name
 SCRIPT = "my-app"  # ... and console script
@@ -206,8 +207,7 @@ class Workers:
 def wake_to(db: psycopg.Connection, worker: WorkerProcess, key: str) -> None:
     """Point this session's wake-ups (the enqueue trigger, sweep) at `worker`: what
     `alter database postgres set ...` does for a self-hosted project, for one session."""
-    db.execute("select set_config('app.pgqueue_worker_url', %s, false)", (f"{worker.url}/wake",))
-    db.execute("select set_config('app.service_role_key', %s, false)", (key,))
+    point_wake_ups(db, f"{worker.url}/wake", key)
 
 
 def enqueue(
