@@ -1,6 +1,7 @@
 """The worker's URL goes down while pg_net posts wake-ups (python-http): pg_net does not
 retry, so those wake-ups are lost for good. Once the URL answers again, the sweeper's
-re-wake brings the worker in and the queue drains; nothing is lost."""
+re-wake brings the worker in and the queue drains; and with no wake-up getting through at
+all, the worker's own idle poll drains it. Nothing is lost either way."""
 
 from __future__ import annotations
 
@@ -70,6 +71,15 @@ class Door:
             dst.shutdown(socket.SHUT_WR)
 
 
+def wake_ups_to(url: str, key: str) -> list[tuple[str, tuple]]:
+    """Where wake-ups go, as session SQL: for this test's session and the sweeper's (what
+    `alter database ... set` does for a self-hosted project)."""
+    return [
+        ("select set_config('app.pgqueue_worker_url', %s, false)", (url,)),
+        ("select set_config('app.service_role_key', %s, false)", (key,)),
+    ]
+
+
 def responses(db: psycopg.Connection) -> tuple[int, int]:
     row = db.execute(
         "select count(*) filter (where status_code = 202),"
@@ -87,18 +97,13 @@ def test_lost_wakeups_are_made_up_by_the_sweeper(
     audit_dir: Path,
 ) -> None:
     key = make_jwt("service_role")
-    worker = fleet(HTTP, SERVICE_ROLE_KEY=key).start()
+    # no idle poll during the test: only wake-ups (the sweeper's re-wake here) bring it in
+    worker = fleet(HTTP, SERVICE_ROLE_KEY=key, WORKER_POLL_INTERVAL=3600).start()
     door = Door(worker.port)
     door.open()
     # where wake-ups go, for this session and the sweeper's (what `alter database ... set`
     # does for a self-hosted project)
-    wake_settings = [
-        (
-            "select set_config('app.pgqueue_worker_url', %s, false)",
-            (f"http://127.0.0.1:{door.port}/wake",),
-        ),
-        ("select set_config('app.service_role_key', %s, false)", (key,)),
-    ]
+    wake_settings = wake_ups_to(f"http://127.0.0.1:{door.port}/wake", key)
     for sql, params in wake_settings:
         db.execute(sql, params)
     plan = Plan.soak(3_000, max_attempts=3, seed=23)
@@ -134,4 +139,44 @@ def test_lost_wakeups_are_made_up_by_the_sweeper(
     )
     result.check()
     assert failed >= 20
+    assert worker.proc.poll() is None
+
+
+def test_with_every_wake_up_lost_the_idle_poll_drains_the_queue(
+    db: psycopg.Connection,
+    stack: Cluster,
+    pg_net: PgNetWorker,
+    fleet: Fleet,
+    audit_dir: Path,
+) -> None:
+    """No sweeper (pg_cron is down too) and a worker URL that refuses every wake-up: the
+    worker, polling every 2 s when idle, still finds and runs every job."""
+    key = make_jwt("service_role")
+    poll_s = 2.0
+    worker = fleet(HTTP, SERVICE_ROLE_KEY=key, WORKER_POLL_INTERVAL=poll_s).start()
+    closed = Door(worker.port)  # never opened: its port refuses connections
+    for sql, params in wake_ups_to(f"http://127.0.0.1:{closed.port}/wake", key):
+        db.execute(sql, params)
+    plan = Plan.soak(2_000, max_attempts=3, seed=29)
+
+    started = time.monotonic()
+    ids = enqueue_plan(db, plan, chunk=100)  # 20 wake-ups, every one refused
+    wait_drained(stack.dsn(), timeout=60)
+    drained_s = time.monotonic() - started
+    pg_net.wait_idle()
+    delivered, failed = responses(db)
+    result = audit(db, ids, audit_dir, plan)
+    figures(
+        "every wake-up lost, no sweeper",
+        jobs=result.jobs,
+        wakeups_delivered=delivered,
+        wakeups_failed=failed,
+        poll_interval_s=poll_s,
+        drain_s=drained_s,
+        done=result.done,
+        failed=result.failed,
+        lost=result.lost,
+    )
+    result.check()
+    assert delivered == 0 and failed >= 20
     assert worker.proc.poll() is None

@@ -244,7 +244,7 @@ def test_wake_endpoint_refuses_a_missing_or_wrong_bearer(
     service_role_key: str,
     tmp_path: Path,
 ) -> None:
-    worker = workers.start()
+    worker = workers.start(WORKER_POLL_INTERVAL=3600)  # no idle poll during the test
     log = tmp_path / "runs.jsonl"
     job_id = enqueue(db, log=str(log))  # no wake-up configured: only our POSTs can wake it
     refused = [
@@ -284,3 +284,51 @@ def test_heartbeats_keep_a_long_job_leased(
     done = until_status(db, job_id, "done", timeout=15, tick=sweeper(db), interval=0.2)
     assert done["attempts"] == 1
     assert runs(log, job_id) == [(1, "start"), (1, "end")]
+
+
+def test_a_payload_too_deep_to_decode_fails_its_own_job_only(
+    installed: Installed,
+    workers: Workers,
+    db: psycopg.Connection,
+    pg_net: PgNetWorker,
+    service_role_key: str,
+    tmp_path: Path,
+) -> None:
+    """jsonb keeps 5,000 levels of nesting; Python's json module stops near 1,000. Claimed in
+    the same batch as good jobs, the deep one must fail alone, with the reason stored (over
+    the Data API too: claim's payload comes as text and is decoded job by job)."""
+    worker = workers.start(WORKER_BATCH_SIZE=10)
+    if installed.http:
+        wake_to(db, worker, service_role_key)
+    log = tmp_path / "runs.jsonl"
+    depth = 5_000
+    with db.transaction():  # one wake-up, one batch: the deep job and its neighbours
+        good = [enqueue(db, log=str(log)) for _ in range(3)]
+        row = db.execute(
+            "select pgqueue.enqueue('e2e_probe', %s::jsonb)",
+            (f'{{"log": "{log}", "deep": {"[" * depth}{"]" * depth}}}',),
+        ).fetchone()
+        good += [enqueue(db, log=str(log)) for _ in range(3)]
+    assert row is not None
+    deep = row[0]
+
+    def state() -> tuple[str, int, str | None]:
+        # not select *: the test's own psycopg could not decode this payload either
+        found = db.execute(
+            "select status, attempts, last_error from pgqueue.jobs where id = %s", (deep,)
+        ).fetchone()
+        assert found is not None
+        return found
+
+    _, attempts, error = wait_until(
+        lambda: (s := state())[0] == "failed" and s, what="the deep job to fail"
+    )
+    assert attempts == 1
+    assert error == (
+        "invalid payload for 'e2e_probe': nested too deeply to decode "
+        "(Python's json stops near 1,000 levels)"
+    )
+    for i in good:
+        until_status(db, i, "done")
+    assert runs(log, deep) == []
+    assert worker.proc.poll() is None
