@@ -161,6 +161,25 @@ def test_enqueue_many_returns_ids_in_input_order_and_honours_keys(db: psycopg.Co
     assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (4,)
 
 
+def test_enqueue_many_without_keys_returns_ids_in_input_order(db: psycopg.Connection) -> None:
+    # no element has a key (a null key is none): the path that skips the key lookups
+    jobs = [{"kind": f"k{i}", "payload": {"i": i}} for i in range(300)]
+    jobs[7] |= {"idempotency_key": None, "queue": "q2", "priority": 2, "max_attempts": 9}
+    ids = [r[0] for r in db.execute("select pgqueue.enqueue_many(%s)", (Jsonb(jobs),))]
+    assert len(ids) == len(set(ids)) == 300
+    rows = {
+        r[0]: r[1:]
+        for r in db.execute(
+            "select id, kind, payload, queue, priority, max_attempts, idempotency_key,"
+            " run_after <= now() from pgqueue.jobs"
+        )
+    }
+    assert [rows[i][0] for i in ids] == [f"k{i}" for i in range(300)]
+    assert [rows[i][1] for i in ids] == [{"i": i} for i in range(300)]
+    assert rows[ids[7]][2:] == ("q2", 2, 9, None, True)
+    assert rows[ids[8]][2:] == ("default", 0, 5, None, True)
+
+
 def test_enqueue_many_rejects_a_non_array(db: psycopg.Connection) -> None:
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="JSON array"):
         db.execute('select pgqueue.enqueue_many(\'{"kind": "k"}\')')

@@ -1,10 +1,15 @@
 # Worker machinery: you should not need to edit this file (handlers live in handlers/).
 """The worker loop: claim jobs in batches, run up to `concurrency` at once, report back.
 
-- Each job runs its kind's handler with the payload validated by the handler's model, under
-  the kind's timeout. Jobs that run longer than half their lease get their lease extended.
+- Each job runs its kind's handler, in a task of its own, with the payload validated by the
+  handler's model. One keeper per worker watches every job in hand: it extends the lease of
+  each job that has held it for half its length, stops a job whose lease was lost, and stops
+  a handler that runs past its kind's timeout.
 - Success is reported in batches (complete_many); a failure goes to fail() with the error,
   and the queue decides between a retry with backoff and the dead letters.
+- Per job the worker does no round trip of its own, creates one task and no timer: claims,
+  completions, lease renewals and deadlines are shared by every job in hand, so its cost per
+  job stays small.
 - Idle, the worker waits for a wake-up (LISTEN with the postgres transport) or polls with a
   growing pause; it never spins. A lost connection is retried with backoff.
 - stop() (SIGTERM/SIGINT): no more claims; running jobs get `shutdown_grace` seconds to
@@ -14,16 +19,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from .queue_client import Job, QueueClient, QueueUnavailable
-from .registry import JobInfo, PermanentError, Registration, Registry, registry
+from .registry import JobInfo, PermanentError, Registry, registry
 from .settings import Settings
 
 log = logging.getLogger(__name__)
@@ -34,6 +41,8 @@ T = TypeVar("T")
 _FIRST_IDLE_PAUSE = 0.1
 _MAX_OUTAGE_PAUSE = 30.0
 _COMPLETE_BATCH = 500
+# How long a job of a kind this worker has no handler for may take to be failed.
+_NO_HANDLER_TIMEOUT = 60.0
 
 
 class _Backoff:
@@ -49,6 +58,16 @@ class _Backoff:
         self._next = self.first
 
 
+@dataclass
+class _Running:
+    """A job in hand: when its lease is next due for renewal and when its handler's time is
+    up (monotonic clock)."""
+
+    job: Job
+    renew_at: float
+    deadline: float
+
+
 class Worker:
     def __init__(
         self, queue: QueueClient, settings: Settings, handlers: Registry = registry
@@ -57,7 +76,15 @@ class Worker:
         self._settings = settings
         self._handlers = handlers
         self._stopping = asyncio.Event()
-        self._running: dict[asyncio.Task[None], Job] = {}
+        # Set when a job's task ends or stop() is called: the claim loop waits on it.
+        self._changed = asyncio.Event()
+        self._running: dict[asyncio.Task[None], _Running] = {}
+        # Why the keeper cancelled a job's task: its lease was lost, or its time was up.
+        self._lease_lost: set[asyncio.Task[None]] = set()
+        self._timed_out: set[asyncio.Task[None]] = set()
+        # Wakes the keeper early, for a job due before the time it sleeps until.
+        self._keeper_poke = asyncio.Event()
+        self._keeper_wakes_at = 0.0
         self._completions: _Completions | None = None
         # Outcomes so far: done, retried, dead (dead-lettered), lost (lease lost), released.
         self.counts: Counter[str] = Counter()
@@ -71,6 +98,7 @@ class Worker:
         if not self._stopping.is_set():
             log.info("stopping", extra={"event": "worker.stop", "running": len(self._running)})
         self._stopping.set()
+        self._changed.set()
 
     async def run(self) -> None:
         """Claim and run jobs until stop() is called."""
@@ -94,7 +122,8 @@ class Worker:
         settings = self._settings
         idle = _Backoff(_FIRST_IDLE_PAUSE, settings.poll_interval)
         outage = _Backoff(0.5, _MAX_OUTAGE_PAUSE)
-        self._completions = _Completions(self._queue, self._report)
+        self._completions = _Completions(self._queue, self._report, self._completed)
+        keeper = asyncio.create_task(self._keep(), name="keeper")
         try:
             # Claim in batches: wait until a batch's worth of slots is free (half a batch, so
             # the next claim overlaps the last jobs of the previous one), not for every slot.
@@ -102,9 +131,12 @@ class Worker:
             while not self._stopping.is_set():
                 free = settings.concurrency - len(self._running)
                 if free < refill:
-                    await self._wait_for(*self._running)
+                    await self._job_ended()
                     continue
                 wanted = min(free, settings.batch_size)
+                # Leases are counted from before the claim, so renewals are never late.
+                claimed_at = time.monotonic()
+                renew_at = claimed_at + settings.lease_seconds / 2
                 try:
                     jobs = await self._queue.claim(
                         settings.worker_name,
@@ -119,13 +151,11 @@ class Worker:
                         delay,
                         extra={"event": "worker.unavailable", "error": str(exc)},
                     )
-                    await self._wait_for(asyncio.sleep(delay))
+                    await self._unless_stopped(asyncio.sleep(delay))
                     continue
                 outage.reset()
                 for job in jobs:
-                    task = asyncio.create_task(self._run_job(job), name=f"job-{job.id}")
-                    self._running[task] = job
-                    task.add_done_callback(self._forget)
+                    self._start(job, renew_at)
                 if len(jobs) == wanted:
                     idle.reset()
                     continue
@@ -133,35 +163,53 @@ class Worker:
                 if until_idle:
                     if not self._running:
                         break
-                    await self._wait_for(*self._running)
+                    await self._job_ended()
                     continue
                 if jobs:
                     idle.reset()
-                await self._wait_for(self._queue.wait_for_jobs(settings.queue, idle.next()))
+                await self._unless_stopped(self._queue.wait_for_jobs(settings.queue, idle.next()))
         finally:
             await self._finish()
+            keeper.cancel()
+
+    def _start(self, job: Job, renew_at: float) -> None:
+        registration = self._handlers.get(job.kind)
+        timeout = registration.timeout if registration else _NO_HANDLER_TIMEOUT
+        deadline = time.monotonic() + timeout
+        task = asyncio.create_task(self._run_job(job), name=f"job-{job.id}")
+        self._running[task] = _Running(job, renew_at, deadline)
+        task.add_done_callback(self._forget)
+        if min(deadline, renew_at) < self._keeper_wakes_at:
+            self._keeper_poke.set()
+
+    async def _job_ended(self) -> None:
+        """Wait until a job's task ends (or stop() is called)."""
+        self._changed.clear()
+        await self._changed.wait()
 
     def _forget(self, task: asyncio.Task[None]) -> None:
-        job = self._running.pop(task, None)
+        running = self._running.pop(task, None)
+        self._lease_lost.discard(task)
+        self._timed_out.discard(task)
+        self._changed.set()
         if not task.cancelled() and (exc := task.exception()) is not None:
             # _run_job reports every handler error; this is the queue failing to take one.
-            fields = {"job_id": job.id, "kind": job.kind} if job else {}
+            fields = _fields(running.job) if running else {}
             log.error(
                 "job outcome not recorded; the sweeper will retry the job when its lease ends",
                 exc_info=exc,
                 extra={"event": "job.unrecorded", **fields},
             )
 
-    async def _wait_for(self, *awaitables: Awaitable[Any]) -> None:
-        """Wait until the first of `awaitables` is done, or stop() is called."""
-        tasks = {asyncio.ensure_future(a) for a in awaitables}
+    async def _unless_stopped(self, awaitable: Awaitable[Any]) -> None:
+        """Wait for `awaitable`, or until stop() is called."""
+        task = asyncio.ensure_future(awaitable)
         stopping = asyncio.create_task(self._stopping.wait())
         try:
-            await asyncio.wait({*tasks, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            # Only cancel what this call created; job tasks are not ours to cancel here.
-            for task in {stopping, *tasks} - set(self._running):
-                task.cancel()
+            task.cancel()
+            stopping.cancel()
 
     async def _finish(self) -> None:
         if self._running:
@@ -179,8 +227,8 @@ class Worker:
 
     async def _run_job(self, job: Job) -> None:
         started = time.monotonic()
-        fields = {"job_id": job.id, "kind": job.kind, "attempt": job.attempts, "queue": job.queue}
-        log.info("job started", extra={"event": "job.start", **fields})
+        if log.isEnabledFor(logging.INFO):
+            log.info("job started", extra={"event": "job.start", **_fields(job)})
         registration = self._handlers.get(job.kind)
         if registration is None:
             known = ", ".join(self._handlers.kinds()) or "none"
@@ -189,99 +237,118 @@ class Worker:
                 f"module under handlers/ with @handler({job.kind!r}) and deploy it"
             )
             # Retryable: during a rolling deploy, a newer worker may know the kind.
-            await self._fail(job, error, retryable=True, started=started, fields=fields)
+            await self._fail(job, error, retryable=True, started=started)
             return
         if job.payload_error is not None:
             error = f"invalid payload for {job.kind!r}: {job.payload_error}"
-            await self._fail(job, error, retryable=False, started=started, fields=fields)
+            await self._fail(job, error, retryable=False, started=started)
             return
         try:
             payload = registration.payload_model.model_validate(job.payload)
         except ValidationError as exc:
             error = f"invalid payload for {job.kind!r}: {describe_validation_error(exc)}"
-            await self._fail(job, error, retryable=False, started=started, fields=fields)
+            await self._fail(job, error, retryable=False, started=started)
             return
 
         info = JobInfo(job.id, job.kind, job.queue, job.attempts, job.max_attempts)
-        work = asyncio.create_task(self._call(registration, payload, info))
-        lease = asyncio.create_task(self._keep_leased(job, work))
         try:
-            await work
+            # No timer per job: the keeper cancels this task when its deadline passes.
+            await registration.func(payload, info)
         except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
+            task = asyncio.current_task()
+            if task is not None and task in self._timed_out:
+                task.uncancel()
+                error = f"TimeoutError: timed out after {registration.timeout:g}s"
+                await self._fail(job, error, retryable=True, started=started)
+                return
+            if task is None or task not in self._lease_lost:
                 # Shutdown: hand the job back so another worker runs it now.
                 released = await self._report(self._queue.release, job)
                 self.counts["released"] += 1
                 log.warning(
                     "job released at shutdown",
-                    extra={"event": "job.released", "released": bool(released), **fields},
+                    extra={"event": "job.released", "released": bool(released), **_fields(job)},
                 )
                 raise
+            task.uncancel()
             self.counts["lost"] += 1
             log.error(
                 "job stopped: its lease was lost (another attempt owns it now)",
-                extra={"event": "job.lost", "duration_ms": _ms_since(started), **fields},
+                extra={"event": "job.lost", "duration_ms": _ms_since(started), **_fields(job)},
             )
             return
         except PermanentError as exc:
-            await self._fail(job, str(exc), retryable=False, started=started, fields=fields)
+            await self._fail(job, str(exc), retryable=False, started=started)
             return
         except Exception as exc:
-            await self._fail(job, _describe(exc), retryable=True, started=started, fields=fields)
+            await self._fail(job, _describe(exc), retryable=True, started=started)
             return
-        finally:
-            lease.cancel()
+        # Reported with other jobs' successes in one complete_many(); see _completed().
+        self._completions_or_fail().add(job, started)
 
-        done = await self._completions_or_fail().complete(job)
+    def _completed(self, job: Job, started: float, done: bool) -> None:
         self.counts["done" if done else "lost"] += 1
-        log.info(
-            "job done" if done else "job done, but its lease had been lost",
-            extra={"event": "job.done", "duration_ms": _ms_since(started), **fields},
-        )
+        if log.isEnabledFor(logging.INFO):
+            log.info(
+                "job done" if done else "job done, but its lease had been lost",
+                extra={"event": "job.done", "duration_ms": _ms_since(started), **_fields(job)},
+            )
 
     def _completions_or_fail(self) -> _Completions:
         if self._completions is None:
             raise RuntimeError("jobs run only inside Worker.run() or Worker.drain()")
         return self._completions
 
-    @staticmethod
-    async def _call(registration: Registration, payload: Any, info: JobInfo) -> None:
-        timeout = asyncio.timeout(registration.timeout)
-        try:
-            async with timeout:
-                await registration.func(payload, info)
-        except TimeoutError as exc:
-            if timeout.expired():
-                raise TimeoutError(f"timed out after {registration.timeout:g}s") from exc
-            raise
-
-    async def _keep_leased(self, job: Job, work: asyncio.Task[None]) -> None:
-        """Extend the lease every half lease; if it was lost, stop the handler."""
+    async def _keep(self) -> None:
+        """One loop for all the jobs in hand: stop each handler whose time is up, extend the
+        lease of each job that has held it for half its length, stop the handler of a job
+        whose lease was lost. Sleeps until the next of those is due (or a job due sooner
+        arrives)."""
         lease_seconds = self._settings.lease_seconds
         while True:
-            await asyncio.sleep(lease_seconds / 2)
-            try:
-                kept = await self._queue.heartbeat(job, lease_seconds)
-            except QueueUnavailable as exc:
-                log.warning(
-                    "heartbeat failed",
-                    extra={"event": "job.heartbeat_failed", "job_id": job.id, "error": str(exc)},
-                )
-                continue
-            if not kept:
-                work.cancel()
-                return
+            now = time.monotonic()
+            due = []
+            for task, running in self._running.items():
+                if task.done():
+                    continue
+                if running.deadline <= now:
+                    if task not in self._timed_out and task not in self._lease_lost:
+                        self._timed_out.add(task)
+                        task.cancel()
+                elif running.renew_at <= now:
+                    due.append((task, running))
+            if due:
+                await asyncio.gather(*(self._renew(task, running) for task, running in due))
+            times = [min(r.renew_at, r.deadline) for r in self._running.values()]
+            self._keeper_wakes_at = min(times, default=now + lease_seconds / 2)
+            self._keeper_poke.clear()
+            delay = max(0.001, self._keeper_wakes_at - time.monotonic())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._keeper_poke.wait(), delay)
 
-    async def _fail(
-        self,
-        job: Job,
-        error: str,
-        *,
-        retryable: bool,
-        started: float,
-        fields: dict[str, Any],
-    ) -> None:
+    async def _renew(self, task: asyncio.Task[None], running: _Running) -> None:
+        lease_seconds = self._settings.lease_seconds
+        sent = time.monotonic()
+        try:
+            kept = await self._queue.heartbeat(running.job, lease_seconds)
+        except QueueUnavailable as exc:
+            log.warning(
+                "heartbeat failed",
+                extra={
+                    "event": "job.heartbeat_failed",
+                    "job_id": running.job.id,
+                    "error": str(exc),
+                },
+            )
+            running.renew_at = time.monotonic() + min(1.0, lease_seconds / 4)
+            return
+        if kept:
+            running.renew_at = sent + lease_seconds / 2
+        elif not task.done():
+            self._lease_lost.add(task)
+            task.cancel()
+
+    async def _fail(self, job: Job, error: str, *, retryable: bool, started: float) -> None:
         status = await self._report(self._queue.fail, job, error, retryable=retryable)
         outcome = {"queued": "retried", "failed": "dead"}.get(str(status), "lost")
         self.counts[outcome] += 1
@@ -292,7 +359,7 @@ class Worker:
                 "event": f"job.{outcome}",
                 "duration_ms": _ms_since(started),
                 "error": error,
-                **fields,
+                **_fields(job),
             },
         )
 
@@ -318,21 +385,27 @@ class Worker:
 
 class _Completions:
     """Batches successful jobs into complete_many() calls: while one call is in flight, the
-    next batch gathers, so a busy worker completes many jobs per round trip."""
+    next batch gathers, so a busy worker completes many jobs per round trip. A job's slot is
+    free as soon as its handler returns; `completed(job, started, done)` is called once the
+    queue has answered for it."""
 
-    def __init__(self, queue: QueueClient, report: Callable[..., Awaitable[Any]]) -> None:
+    def __init__(
+        self,
+        queue: QueueClient,
+        report: Callable[..., Awaitable[Any]],
+        completed: Callable[[Job, float, bool], None],
+    ) -> None:
         self._queue = queue
         self._report = report
-        self._pending: list[tuple[Job, asyncio.Future[bool]]] = []
+        self._completed = completed
+        self._pending: list[tuple[Job, float]] = []
         self._flushing = False
         self._arrived = asyncio.Event()
         self._flusher = asyncio.create_task(self._flush_forever(), name="complete_many")
 
-    async def complete(self, job: Job) -> bool:
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._pending.append((job, future))
+    def add(self, job: Job, started: float) -> None:
+        self._pending.append((job, started))
         self._arrived.set()
-        return await asyncio.shield(future)
 
     async def _flush_forever(self) -> None:
         while True:
@@ -342,15 +415,20 @@ class _Completions:
             while self._pending:
                 batch = self._pending[:_COMPLETE_BATCH]
                 del self._pending[:_COMPLETE_BATCH]
+                jobs = [job for job, _ in batch]
                 try:
-                    done = await self._report(self._queue.complete_many, [job for job, _ in batch])
+                    done = await self._report(self._queue.complete_many, jobs)
                 except Exception as exc:
-                    for _, future in batch:
-                        future.set_exception(exc)
+                    log.error(
+                        "job outcomes not recorded; the sweeper will retry the jobs when their "
+                        "leases end",
+                        exc_info=exc,
+                        extra={"event": "job.unrecorded", "job_ids": [job.id for job in jobs]},
+                    )
                     continue
                 completed = set(done or ())
-                for job, future in batch:
-                    future.set_result(job.id in completed)
+                for job, started in batch:
+                    self._completed(job, started, job.id in completed)
             self._flushing = False
 
     async def close(self) -> None:
@@ -358,6 +436,11 @@ class _Completions:
         while self._pending or self._flushing:
             await asyncio.sleep(0.01)
         self._flusher.cancel()
+
+
+def _fields(job: Job) -> dict[str, Any]:
+    """What every log line about a job carries."""
+    return {"job_id": job.id, "kind": job.kind, "attempt": job.attempts, "queue": job.queue}
 
 
 def _ms_since(started: float) -> float:
