@@ -118,8 +118,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="also drain --jobs jobs with one postgres-transport worker under pyinstrument and "
-        "write its report next to the JSON",
+        help="also drain jobs with one worker of each transport under pyinstrument and write "
+        "their reports next to the JSON",
     )
     parser.add_argument(
         "--out", type=Path, help="JSON file (default: bench/results/<UTC timestamp>.json)"
@@ -172,9 +172,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             raw = _run_scenarios(stack, sizes, wanted, args.repeats, document)
             if args.profile:
-                profile = out.with_suffix(".worker-profile.txt")
-                _profile_worker(stack, sizes.jobs, profile)
-                print(f"bench: wrote {profile}", file=sys.stderr)
+                jobs = {"postgres": sizes.jobs, "supabase": sizes.supabase_jobs}
+                for name, count in jobs.items():
+                    profile = out.with_suffix(f".worker-{name}-profile.txt")
+                    _profile_worker(stack, name, count, profile)
+                    print(f"bench: wrote {profile}", file=sys.stderr)
     finally:
         stack.destroy()
     document["loadavg_at_end"] = os.getloadavg()
@@ -186,12 +188,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _profile_worker(stack: Stack, jobs: int, profile: Path) -> None:
+def _profile_worker(stack: Stack, name: str, jobs: int, profile: Path) -> None:
     profile.parent.mkdir(parents=True, exist_ok=True)
-    why = generated_worker.install({"postgres": stack.projects["postgres"]})["postgres"]
+    why = generated_worker.install({name: stack.projects[name]})[name]
     if why:
         raise RuntimeError(why)
-    transport = generated_worker.Transport(stack, "postgres")
+    transport = generated_worker.Transport(stack, name)
     try:
         generated_worker.drain(stack, transport, jobs, 1, profile=profile)
     finally:

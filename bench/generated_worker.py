@@ -53,7 +53,7 @@ async def noop(payload: NoopPayload, job: JobInfo) -> None:
 
 # What the drain figures run with: big batches, many jobs in flight (the defaults, 10 and
 # 10, suit slow handlers; a no-op handler shows the machinery's own ceiling).
-TUNED = {"WORKER_CONCURRENCY": "200", "WORKER_BATCH_SIZE": "100"}
+TUNED = {"WORKER_CONCURRENCY": "500", "WORKER_BATCH_SIZE": "250"}
 
 
 def install(projects: dict[str, Path]) -> dict[str, str | None]:

@@ -9,6 +9,7 @@ migration (see docs/performance.md).
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from pathlib import Path
@@ -17,62 +18,6 @@ import psycopg
 
 from .queue_sql import CLAIM_BATCH, ENQUEUE_BATCH, percentile
 from .stack import SCHEMA, Stack
-
-# plan caching: plpgsql keeps a function's plans for the session; a `language sql` function
-# that returns a set is planned again on every call (before PostgreSQL 18).
-COMPLETE_MANY_PLPGSQL = (
-    "returns setof bigint\nlanguage sql\nvolatile\nsecurity definer\nset search_path = ''\n"
-    "as $$\n  update {s}.jobs as j\n  set status = 'done', finished_at = now(), "
-    "locked_until = null, lock_token = null\n  from unnest(complete_many.job_ids, "
-    "complete_many.lock_tokens) as t(id, token)\n  where j.id = t.id\n    and j.lock_token = "
-    "t.token\n    and j.status = 'running'\n  returning j.id\n$$;",
-    "returns setof bigint\nlanguage plpgsql\nvolatile\nsecurity definer\nset search_path = ''\n"
-    "as $$\nbegin\n  return query\n  update {s}.jobs as j\n  set status = 'done', finished_at = "
-    "now(), locked_until = null, lock_token = null\n  from unnest(complete_many.job_ids, "
-    "complete_many.lock_tokens) as t(id, token)\n  where j.id = t.id\n    and j.lock_token = "
-    "t.token\n    and j.status = 'running'\n  returning j.id;\nend;\n$$;",
-)
-
-# enqueue_many without idempotency keys in the batch (the common case): one INSERT, no
-# left join back to the input and no per-element key lookup.
-ENQUEUE_FAST_PATH = """
-create or replace function {s}.enqueue_many_fast(jobs jsonb)
-returns setof bigint
-language plpgsql
-volatile
-security definer
-set search_path = ''
-as $$
-begin
-  if jsonb_typeof(enqueue_many_fast.jobs) is distinct from 'array' then
-    raise exception 'enqueue_many expects a JSON array' using errcode = '22023';
-  end if;
-  if jsonb_path_exists(enqueue_many_fast.jobs, '$[*].idempotency_key ? (@ != null)') then
-    return query select {s}.enqueue_many(enqueue_many_fast.jobs);
-    return;
-  end if;
-  return query
-    with input as materialized (
-      select nextval('{s}.jobs_id_seq') as id, t.*
-      from rows from (
-        jsonb_to_recordset(enqueue_many_fast.jobs) as (
-          kind text, payload jsonb, run_after timestamptz, queue text, priority integer,
-          max_attempts integer
-        )
-      ) with ordinality as t(kind, payload, run_after, queue, priority, max_attempts, ord)
-    ),
-    inserted as (
-      insert into {s}.jobs (id, queue, kind, payload, priority, max_attempts, run_after)
-      overriding system value
-      select i.id, coalesce(i.queue, 'default'), i.kind, coalesce(i.payload, '{}'::jsonb),
-             coalesce(i.priority, 0), coalesce(i.max_attempts, 5), coalesce(i.run_after, now())
-      from input as i
-      order by i.ord
-    )
-    select i.id from input as i order by i.ord;
-end;
-$$;
-"""
 
 
 def _replace(sql: str, old: str, new: str) -> str:
@@ -83,49 +28,29 @@ def _replace(sql: str, old: str, new: str) -> str:
 
 def variants(schema_sql: str) -> dict[str, tuple[str, str]]:
     """name -> (migration SQL for that schema, SQL appended after it)."""
-    s = "{s}"
     return {
         "v_base": (schema_sql, ""),
-        "v_complete_plpgsql": (
-            _replace(
-                schema_sql,
-                COMPLETE_MANY_PLPGSQL[0].format(s=s),
-                COMPLETE_MANY_PLPGSQL[1].format(s=s),
-            ),
-            "",
-        ),
-        # The token alone picks the row: jobs_lease_check makes `lock_token is not null` mean
-        # `status = 'running'`, and without the status test the planner has no reason to scan
-        # jobs_lease_expiry_idx (every running job) and nested-loop it against the batch.
-        "v_complete_by_token": (
-            _replace(
-                schema_sql,
-                "    and j.lock_token = t.token\n    and j.status = 'running'\n  returning j.id\n",
-                "    and j.lock_token = t.token\n  returning j.id\n",
-            ),
-            "",
-        ),
         "v_no_finished_idx": (schema_sql, "drop index {s}.jobs_finished_idx;"),
         "v_no_wake_trigger": (schema_sql, "drop trigger jobs_wake_workers on {s}.jobs;"),
-        "v_enqueue_fast": (schema_sql, ENQUEUE_FAST_PATH),
+        # claim() commits asynchronously: measured, and not adopted (docs/performance.md)
+        "v_claim_async_commit": (
+            _replace(
+                schema_sql,
+                "#variable_conflict use_column\nbegin\n  if claim.max_jobs is null",
+                "#variable_conflict use_column\nbegin\n"
+                "  perform set_config('synchronous_commit', 'off', true);\n"
+                "  if claim.max_jobs is null",
+            ),
+            "",
+        ),
     }
-
-
-def patch_complete_many(stack: Stack) -> None:
-    """What-if (`bench/run --patch complete_by_token`): apply v_complete_by_token's change to
-    the real queue on the benchmark's cluster, so the whole run measures the proposal."""
-    with stack.cluster.connect(autocommit=True) as conn:
-        definition = conn.execute(
-            "select pg_get_functiondef(%s::regprocedure)",
-            (f"{SCHEMA}.complete_many(bigint[], uuid[])",),
-        ).fetchone()[0]
-        conn.execute(_replace(definition, "\n    and j.status = 'running'", ""))
 
 
 def patch_claim_async_commit(stack: Stack) -> None:
     """What-if (`--patch claim_async_commit`): claim() makes its own transaction's commit
-    asynchronous. A claim lost in a crash only puts the job back to `queued` (it runs again,
-    as at-least-once allows), so the worker need not wait for the claim's WAL flush."""
+    asynchronous, so the worker need not wait for the claim's WAL flush. Not adopted: a claim
+    lost in a crash puts its jobs back to `queued` with the attempt uncounted, so the same
+    attempt can run twice (tests/reliability/test_restart.py caught it)."""
     with stack.cluster.connect(autocommit=True) as conn:
         definition = conn.execute(
             "select pg_get_functiondef(%s::regprocedure)",
@@ -142,7 +67,6 @@ def patch_claim_async_commit(stack: Stack) -> None:
 
 PATCHES = {
     "claim_async_commit": patch_claim_async_commit,
-    "complete_by_token": patch_complete_many,
 }
 
 
@@ -219,9 +143,7 @@ def _claim_complete(
     }
 
 
-def _enqueue(conn: psycopg.Connection, s: str, jobs: int, function: str) -> dict[str, float]:
-    import json
-
+def _enqueue(conn: psycopg.Connection, s: str, jobs: int) -> dict[str, float]:
     conn.execute(f"truncate {s}.jobs")
     batches = [
         json.dumps([{"kind": "noop", "payload": {"n": n}} for n in range(i, i + ENQUEUE_BATCH)])
@@ -231,7 +153,7 @@ def _enqueue(conn: psycopg.Connection, s: str, jobs: int, function: str) -> dict
     started = time.perf_counter()
     for batch in batches:
         t0 = time.perf_counter()
-        conn.execute(f"select count(*) from {s}.{function}(%s::jsonb)", (batch,), prepare=True)
+        conn.execute(f"select count(*) from {s}.enqueue_many(%s::jsonb)", (batch,), prepare=True)
         per_call.append((time.perf_counter() - t0) * 1e3)
     return {
         "enqueue_jobs_per_s": jobs / (time.perf_counter() - started),
@@ -249,8 +171,7 @@ def run(stack: Stack, project: Path, jobs: int, repeats: int) -> dict[str, dict[
                 figures = _claim_complete(conn, name, jobs)
                 busy = _claim_complete(conn, name, jobs, running=1000)
                 figures |= {f"{k}_1000_running": v for k, v in busy.items() if "commit" not in k}
-                function = "enqueue_many_fast" if name == "v_enqueue_fast" else "enqueue_many"
-                figures |= _enqueue(conn, name, jobs * 2, function)
+                figures |= _enqueue(conn, name, jobs * 2)
                 for figure, value in figures.items():
                     out.setdefault(name, {}).setdefault(figure, []).append(value)
     return out

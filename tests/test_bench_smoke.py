@@ -55,3 +55,20 @@ def test_bench_runs_every_scenario_on_a_tiny_size(tmp_path: Path) -> None:
     assert result["server"]["fsync"] == "on"
     assert result["server"]["synchronous_commit"] == "on"
     assert "sql_claim_4proc" in printed and "x pgqueuer" in printed
+
+
+def test_sql_variants_still_apply_to_the_migrations(tmp_path: Path) -> None:
+    """`--sql-variants` edits the rendered migrations by text: when a migration changes under
+    it, a variant must fail loudly (not measure the unchanged SQL), and this test notices."""
+    run([BENCH, "--setup-only"], timeout=900)
+    out = tmp_path / "variants.json"
+
+    run([BENCH, "--smoke", "--sql-variants", "--repeats", "1", "--out", out], timeout=300)
+
+    scenarios = json.loads(out.read_text())["scenarios"]
+    assert {"v_base", "v_claim_async_commit"} <= set(scenarios)
+    for name, figures in scenarios.items():
+        for figure in ("jobs_per_s", "claim_us_per_row", "enqueue_jobs_per_s"):
+            assert figures[figure]["median"] > 0, (name, figure, figures[figure])
+    plans = out.with_suffix(".explain.txt").read_text()
+    assert "Update on jobs" in plans and "jobs_claim_idx" in plans
