@@ -14,12 +14,15 @@ import asyncio
 import importlib
 import json
 import os
+import secrets
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import httpx
 import psycopg
 
 from .queue_sql import percentile, reset
@@ -216,40 +219,119 @@ def latency(stack: Stack, transport: Transport, samples: int, rate: float) -> di
     reset(stack)
     starts = Path(tempfile.mkstemp(prefix="bench-starts-")[1])
     worker = _spawn(transport, "run", {"BENCH_HANDLER_STARTS": str(starts)})
-    sent: dict[int, float] = {}
-    committed: dict[int, float] = {}
     try:
         if worker.stdout.readline().strip() != "ready":
             raise RuntimeError(f"a {transport.name} worker did not start")
         worker.stdin.write("go\n")
         worker.stdin.flush()
         with psycopg.connect(stack.dsn(), autocommit=True) as conn:
-            enqueue = f"select {SCHEMA}.enqueue('noop')"
             time.sleep(0.5)  # the worker is idle and waiting
-            next_at = time.perf_counter()
-            for _ in range(samples):
-                while (now := time.perf_counter()) < next_at:
-                    time.sleep(min(0.001, next_at - now))
-                at = time.time()
-                job_id = conn.execute(enqueue, prepare=True).fetchone()[0]
-                sent[job_id], committed[job_id] = at, time.time()
-                next_at += 1 / rate
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                done = conn.execute(f"select count(*) from {SCHEMA}.jobs where status = 'done'")
-                if done.fetchone()[0] >= samples:
-                    break
-                time.sleep(0.1)
+            sent, committed = _enqueue_steadily(conn, samples, rate)
     finally:
         worker.stdin.close()  # stop
         worker.wait(60)
+    return _latencies(starts, sent, committed)
+
+
+def wakeup_latency(stack: Stack, samples: int, rate: float) -> dict[str, float]:
+    """The python-http worker (postgres transport), woken by pg_net's POST /wake and by
+    nothing else (its idle poll is off). pg_net cannot be installed here: its stand-in
+    (tests/support/pg_net.py) sends what the enqueue trigger queued, checking its queue every
+    20 ms, so the figures are the worker's side of the path (the HTTP request, the drain, the
+    handler) plus up to 20 ms of the stand-in's polling, not pg_net's own delay (its worker
+    sleeps on a latch for up to 1 s when idle)."""
+    from tests.support.cluster import free_port
+    from tests.support.pg_net import PgNetWorker
+    from tests.support.stack import point_wake_ups
+
+    reset(stack)
+    starts = Path(tempfile.mkstemp(prefix="bench-starts-")[1])
+    key = secrets.token_urlsafe(32)
+    port = free_port()
+    env = {
+        "DATABASE_URL": stack.dsn(),
+        "SERVICE_ROLE_KEY": key,
+        "HOST": "127.0.0.1",
+        "PORT": str(port),
+        "LOG_LEVEL": "WARNING",
+        "WORKER_POLL_INTERVAL": "3600",
+        "BENCH_HANDLER_STARTS": str(starts),
+    }
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "bench_http", "worker"], cwd=REPO, env={**os.environ, **env}
+    )
+    pg_net = PgNetWorker(stack.dsn())
+    try:
+        _wait_healthy(f"http://127.0.0.1:{port}/health", worker)
+        pg_net.start()
+        with psycopg.connect(stack.dsn(), autocommit=True) as conn:
+            point_wake_ups(conn, f"http://127.0.0.1:{port}/wake", key)
+            sent, committed = _enqueue_steadily(conn, samples, rate)
+            pg_net.wait_idle()
+            codes = conn.execute(
+                "select status_code, count(*) from net._http_response group by 1"
+            ).fetchall()
+            conn.execute("truncate net._http_response")
+    finally:
+        pg_net.stop()
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(60)
+    if dict(codes) != {202: samples}:
+        raise RuntimeError(f"wake-ups answered {dict(codes)}, expected {samples} x 202")
+    return _latencies(starts, sent, committed)
+
+
+def _wait_healthy(url: str, worker: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if worker.poll() is not None:
+            raise RuntimeError(f"the python-http worker exited {worker.returncode}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"the python-http worker did not answer {url} in {timeout}s")
+
+
+def _enqueue_steadily(
+    conn: psycopg.Connection, samples: int, rate: float
+) -> tuple[dict[int, float], dict[int, float]]:
+    """Enqueue `samples` no-op jobs one at a time at `rate` jobs/s, then wait until they are
+    done. Returns, per job, when its enqueue call started and when its commit returned."""
+    sent: dict[int, float] = {}
+    committed: dict[int, float] = {}
+    enqueue = f"select {SCHEMA}.enqueue('noop')"
+    next_at = time.perf_counter()
+    for _ in range(samples):
+        while (now := time.perf_counter()) < next_at:
+            time.sleep(min(0.001, next_at - now))
+        at = time.time()
+        job_id = conn.execute(enqueue, prepare=True).fetchone()[0]
+        sent[job_id], committed[job_id] = at, time.time()
+        next_at += 1 / rate
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done = conn.execute(f"select count(*) from {SCHEMA}.jobs where status = 'done'")
+        if done.fetchone()[0] >= samples:
+            break
+        time.sleep(0.1)
+    return sent, committed
+
+
+def _latencies(
+    starts: Path, sent: dict[int, float], committed: dict[int, float]
+) -> dict[str, float]:
+    """p50/p95/p99 from each enqueue call's start (and p50/p95 from its commit returning) to
+    its handler's start, as the handler logged it in `starts` (which is removed)."""
     started = {}
     for line in starts.read_text().splitlines():
         job_id, at = line.split()
         started[int(job_id)] = float(at)
     starts.unlink()
-    if len(started) < samples:
-        raise RuntimeError(f"the worker started {len(started)} of {samples} jobs")
+    if len(started) < len(sent):
+        raise RuntimeError(f"the worker started {len(started)} of {len(sent)} jobs")
     latency = [(started[i] - sent[i]) * 1000 for i in sent]
     after_commit = [(started[i] - committed[i]) * 1000 for i in sent]
     return {

@@ -46,8 +46,8 @@ class Stack:
 
 def start(transports: tuple[str, ...] = ("postgres", "supabase")) -> Stack:
     """A durable Supabase-like cluster with the queue pushed by the Supabase CLI, one rendered
-    project per transport (the migrations are the same; they are pushed once), and a database
-    per peer."""
+    project per transport (the migrations are the same; they are pushed once) and one of the
+    python-http style (`http`), and a database per peer."""
     # Imported here: worker processes import this module too, and need no copier.
     from tests.support.project import push_migrations, render, snapshot_template
     from tests.support.stack import start_supabase_like_cluster
@@ -67,7 +67,19 @@ def start(transports: tuple[str, ...] = ("postgres", "supabase")) -> Stack:
                 worker_style="python",
                 claim_transport=transport,
             )
-        first, *others = stack.projects.values()
+        # The python-http worker, for the pg_net wake-up scenario (its migrations differ from
+        # the others' only in the fallback worker URL, which the scenario overrides with the
+        # wake-up settings, so they are not pushed).
+        stack.projects["http"] = render(
+            template,
+            workdir / "bench-http",
+            project_name="Bench http",
+            project_slug="bench-http",
+            package_name="bench_http",
+            worker_style="python-http",
+            claim_transport="postgres",
+        )
+        first, *others = (stack.projects[transport] for transport in transports)
         for other in others:
             mismatch = filecmp.dircmp(first / "supabase/migrations", other / "supabase/migrations")
             if mismatch.diff_files or mismatch.left_only or mismatch.right_only:
