@@ -282,7 +282,7 @@ def test_heartbeats_keep_a_long_job_leased(
     job_id = enqueue(db, log=str(log), sleep=3.5)
     # the sweeper runs all along: without heartbeats it would rescue the job after 2 s
     done = until_status(db, job_id, "done", timeout=15, tick=sweeper(db), interval=0.2)
-    assert done["attempts"] == 1
+    assert done["attempts"] == 1, (done["last_error"], worker.output()[-4000:])
     assert runs(log, job_id) == [(1, "start"), (1, "end")]
 
 

@@ -135,8 +135,7 @@ class Worker:
                     continue
                 wanted = min(free, settings.batch_size)
                 # Leases are counted from before the claim, so renewals are never late.
-                claimed_at = time.monotonic()
-                renew_at = claimed_at + settings.lease_seconds / 2
+                renew_at = time.monotonic() + settings.lease_seconds / 2
                 try:
                     jobs = await self._queue.claim(
                         settings.worker_name,
@@ -185,7 +184,8 @@ class Worker:
     async def _job_ended(self) -> None:
         """Wait until a job's task ends (or stop() is called)."""
         self._changed.clear()
-        await self._changed.wait()
+        if not self._stopping.is_set():  # stop() may have come while we awaited a claim
+            await self._changed.wait()
 
     def _forget(self, task: asyncio.Task[None]) -> None:
         running = self._running.pop(task, None)
@@ -304,40 +304,49 @@ class Worker:
         lease of each job that has held it for half its length, stop the handler of a job
         whose lease was lost. Sleeps until the next of those is due (or a job due sooner
         arrives)."""
-        lease_seconds = self._settings.lease_seconds
         while True:
-            now = time.monotonic()
-            due = []
-            for task, running in self._running.items():
-                if task.done():
-                    continue
-                if running.deadline <= now:
-                    if task not in self._timed_out and task not in self._lease_lost:
-                        self._timed_out.add(task)
-                        task.cancel()
-                elif running.renew_at <= now:
-                    due.append((task, running))
-            if due:
-                await asyncio.gather(*(self._renew(task, running) for task, running in due))
-            times = [min(r.renew_at, r.deadline) for r in self._running.values()]
-            self._keeper_wakes_at = min(times, default=now + lease_seconds / 2)
-            self._keeper_poke.clear()
-            delay = max(0.001, self._keeper_wakes_at - time.monotonic())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._keeper_poke.wait(), delay)
+            try:
+                await self._keep_once()
+            except Exception:
+                # Never let one bad turn end the loop: every job's lease depends on it.
+                log.exception("lease keeper failed", extra={"event": "worker.keeper_failed"})
+                await asyncio.sleep(1.0)
+
+    async def _keep_once(self) -> None:
+        now = time.monotonic()
+        watched = [
+            (task, running)
+            for task, running in self._running.items()
+            if not (task.done() or task in self._timed_out or task in self._lease_lost)
+        ]
+        due = []
+        for task, running in watched:
+            if running.deadline <= now:
+                self._timed_out.add(task)
+                task.cancel()
+            elif running.renew_at <= now:
+                due.append((task, running))
+        if due:
+            await asyncio.gather(*(self._renew(task, running) for task, running in due))
+        times = [min(r.renew_at, r.deadline) for t, r in watched if t not in self._timed_out]
+        self._keeper_wakes_at = min(times, default=now + self._settings.lease_seconds / 2)
+        self._keeper_poke.clear()
+        delay = max(0.001, self._keeper_wakes_at - time.monotonic())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._keeper_poke.wait(), delay)
 
     async def _renew(self, task: asyncio.Task[None], running: _Running) -> None:
         lease_seconds = self._settings.lease_seconds
         sent = time.monotonic()
         try:
             kept = await self._queue.heartbeat(running.job, lease_seconds)
-        except QueueUnavailable as exc:
+        except Exception as exc:  # QueueUnavailable, or the queue refusing the call
             log.warning(
-                "heartbeat failed",
+                "heartbeat failed, retrying",
                 extra={
                     "event": "job.heartbeat_failed",
                     "job_id": running.job.id,
-                    "error": str(exc),
+                    "error": _describe(exc),
                 },
             )
             running.renew_at = time.monotonic() + min(1.0, lease_seconds / 4)
