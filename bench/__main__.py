@@ -37,7 +37,6 @@ class Sizes:
 FULL = Sizes(20_000, 100_000, 1_000_000, 5_000, 20_000, 1_000, 500, 100.0)
 SMOKE = Sizes(300, 1_000, 2_000, 100, 300, 30, 20, 100.0)
 TRANSPORTS = ("postgres", "supabase")
-WORKERS = (*TRANSPORTS, "http")  # http: the python-http worker, woken through pg_net
 
 
 def _peer(name: str, stack: Stack, jobs: int) -> Figures:
@@ -54,13 +53,12 @@ def _peer(name: str, stack: Stack, jobs: int) -> Figures:
 
 
 def worker_scenarios(
-    sizes: Sizes, transports: dict[str, generated_worker.Transport | None]
+    sizes: Sizes, transports: dict[str, generated_worker.Transport], wakeup: bool
 ) -> dict[str, Callable[[Stack], Figures]]:
-    """The generated worker's scenarios, for each transport that could be set up."""
+    """The generated worker's scenarios, for each transport that could be set up, and the
+    wake-up path's when the python-http project (`http`) could be installed."""
     out: dict[str, Callable[[Stack], Figures]] = {}
     for name, transport in transports.items():
-        if name == "http":
-            continue
         jobs = sizes.jobs if name == "postgres" else sizes.supabase_jobs
         for processes in (1, 4):
             out[f"worker_{name}_{processes}proc"] = lambda s, t=transport, n=jobs, p=processes: (
@@ -69,7 +67,7 @@ def worker_scenarios(
         out[f"worker_latency_{name}"] = lambda s, t=transport: generated_worker.latency(
             s, t, sizes.latency_samples, sizes.latency_rate
         )
-    if "http" in transports:
+    if wakeup:
         out["worker_latency_wakeup"] = lambda s: generated_worker.wakeup_latency(
             s, sizes.latency_samples, sizes.latency_rate
         )
@@ -97,7 +95,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Benchmark the generated queue against pgqueuer and procrastinate on a "
         "local cluster with durable commits. Prints a table, writes JSON.",
         epilog="scenarios: "
-        + ", ".join([*scenarios(FULL), *worker_scenarios(FULL, dict.fromkeys(WORKERS))])
+        + ", ".join([*scenarios(FULL), *worker_scenarios(FULL, dict.fromkeys(TRANSPORTS), True)])
         + ", finished_rows. Method and latest figures: docs/performance.md",
     )
     parser.add_argument("--repeats", type=int, default=3, help="runs of each scenario")
@@ -143,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes = dataclasses.replace(sizes, finished=args.finished)
     started = datetime.now(UTC)
     out = args.out or REPO / "bench" / "results" / f"{started:%Y%m%dT%H%M%SZ}.json"
-    known = [*scenarios(sizes), *worker_scenarios(sizes, dict.fromkeys(WORKERS))]
+    known = [*scenarios(sizes), *worker_scenarios(sizes, dict.fromkeys(TRANSPORTS), True)]
     known.append("finished_rows")
     wanted = [] if args.sql_variants else args.only or known
     unknown = set(wanted) - set(known)
@@ -214,7 +212,8 @@ def _run_scenarios(
     raw: dict[str, dict[str, list[float]]] = {}
     load: dict[str, list[float]] = {}
     skipped: dict[str, str] = {}
-    transports: dict[str, generated_worker.Transport | None] = {}
+    transports: dict[str, generated_worker.Transport] = {}
+    wakeup = False  # the python-http project (`http`) is installed
     document["skipped"] = skipped
     document["load_1min_at_each_run"] = load
     needed = [
@@ -231,7 +230,7 @@ def _run_scenarios(
         print(f"bench: installed the rendered projects {took:.1f}s", file=sys.stderr)
         for name, why in installed.items():
             if why is None and name == "http":
-                transports[name] = None  # the scenario starts its own worker and pg_net
+                wakeup = True  # the scenario starts its own worker and pg_net
             elif why is None:
                 try:
                     transports[name] = generated_worker.Transport(stack, name)
@@ -240,7 +239,7 @@ def _run_scenarios(
             if why:
                 skipped[f"worker_{name}"] = why
                 print(f"bench: skipping the {name} worker: {why}", file=sys.stderr)
-        repeated = scenarios(sizes) | worker_scenarios(sizes, transports)
+        repeated = scenarios(sizes) | worker_scenarios(sizes, transports, wakeup)
         for repeat in range(repeats):
             for name, run in repeated.items():
                 if name not in wanted:
@@ -259,8 +258,7 @@ def _run_scenarios(
             )
     finally:
         for transport in transports.values():
-            if transport is not None:
-                transport.close()
+            transport.close()
         if needed:
             generated_worker.uninstall(stack.projects)
     return raw

@@ -57,28 +57,20 @@ def start(transports: tuple[str, ...] = ("postgres", "supabase")) -> Stack:
     stack = Stack(cluster, workdir)
     try:
         template = snapshot_template(workdir / "template")
-        for transport in transports:
-            stack.projects[transport] = render(
+        # One project per transport, and the python-http worker for the pg_net wake-up
+        # scenario (`http`; its migrations differ from the others' only in the fallback worker
+        # URL, which the scenario overrides with the wake-up settings, so they are not pushed).
+        styles = {t: ("python", t) for t in transports} | {"http": ("python-http", "postgres")}
+        for name, (style, transport) in styles.items():
+            stack.projects[name] = render(
                 template,
-                workdir / f"bench-{transport}",
-                project_name=f"Bench {transport}",
-                project_slug=f"bench-{transport}",
-                package_name=f"bench_{transport}",
-                worker_style="python",
+                workdir / f"bench-{name}",
+                project_name=f"Bench {name}",
+                project_slug=f"bench-{name}",
+                package_name=f"bench_{name}",
+                worker_style=style,
                 claim_transport=transport,
             )
-        # The python-http worker, for the pg_net wake-up scenario (its migrations differ from
-        # the others' only in the fallback worker URL, which the scenario overrides with the
-        # wake-up settings, so they are not pushed).
-        stack.projects["http"] = render(
-            template,
-            workdir / "bench-http",
-            project_name="Bench http",
-            project_slug="bench-http",
-            package_name="bench_http",
-            worker_style="python-http",
-            claim_transport="postgres",
-        )
         first, *others = (stack.projects[transport] for transport in transports)
         for other in others:
             mismatch = filecmp.dircmp(first / "supabase/migrations", other / "supabase/migrations")

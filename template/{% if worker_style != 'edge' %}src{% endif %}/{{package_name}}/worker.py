@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from .queue_client import Job, QueueClient, QueueUnavailable
-from .registry import JobInfo, PermanentError, Registry, registry
+from .registry import JobInfo, PermanentError, Registration, Registry, registry
 from .settings import Settings
 
 log = logging.getLogger(__name__)
@@ -175,7 +175,7 @@ class Worker:
         registration = self._handlers.get(job.kind)
         timeout = registration.timeout if registration else _NO_HANDLER_TIMEOUT
         deadline = time.monotonic() + timeout
-        task = asyncio.create_task(self._run_job(job), name=f"job-{job.id}")
+        task = asyncio.create_task(self._run_job(job, registration), name=f"job-{job.id}")
         self._running[task] = _Running(job, renew_at, deadline)
         task.add_done_callback(self._forget)
         if min(deadline, renew_at) < self._keeper_wakes_at:
@@ -225,11 +225,10 @@ class Worker:
         if self._completions is not None:
             await self._completions.close()
 
-    async def _run_job(self, job: Job) -> None:
+    async def _run_job(self, job: Job, registration: Registration | None) -> None:
         started = time.monotonic()
         if log.isEnabledFor(logging.INFO):
             log.info("job started", extra={"event": "job.start", **_fields(job)})
-        registration = self._handlers.get(job.kind)
         if registration is None:
             known = ", ".join(self._handlers.kinds()) or "none"
             error = (
