@@ -16,6 +16,7 @@ import psycopg
 from tests.support.cluster import Cluster, free_port
 from tests.support.pg_net import PgNetWorker
 from tests.support.postgrest import make_jwt
+from tests.support.stack import point_wake_ups, wake_up_settings
 
 from .conftest import HTTP, Fleet
 from .harness import Plan, Sweeper, audit, enqueue_plan, figures, unfinished, wait_drained
@@ -71,15 +72,6 @@ class Door:
             dst.shutdown(socket.SHUT_WR)
 
 
-def wake_ups_to(url: str, key: str) -> list[tuple[str, tuple]]:
-    """Where wake-ups go, as session SQL: for this test's session and the sweeper's (what
-    `alter database ... set` does for a self-hosted project)."""
-    return [
-        ("select set_config('app.pgqueue_worker_url', %s, false)", (url,)),
-        ("select set_config('app.service_role_key', %s, false)", (key,)),
-    ]
-
-
 def responses(db: psycopg.Connection) -> tuple[int, int]:
     row = db.execute(
         "select count(*) filter (where status_code = 202),"
@@ -103,13 +95,13 @@ def test_lost_wakeups_are_made_up_by_the_sweeper(
     door.open()
     # where wake-ups go, for this session and the sweeper's (what `alter database ... set`
     # does for a self-hosted project)
-    wake_settings = wake_ups_to(f"http://127.0.0.1:{door.port}/wake", key)
-    for sql, params in wake_settings:
-        db.execute(sql, params)
+    wake_url = f"http://127.0.0.1:{door.port}/wake"
+    point_wake_ups(db, wake_url, key)
     plan = Plan.soak(3_000, max_attempts=3, seed=23)
     up_front, during_outage = Plan(plan.jobs[:1_000]), Plan(plan.jobs[1_000:])
 
-    with Sweeper(stack.dsn(), session_sql=wake_settings) as sweeper:  # pg_cron, all along
+    sweeper = Sweeper(stack.dsn(), session_sql=wake_up_settings(wake_url, key))
+    with sweeper:  # pg_cron, all along
         ids = enqueue_plan(db, up_front, chunk=100)  # 10 statements, 10 wake-ups
         wait_drained(stack.dsn(), timeout=30)
         door.shut()
@@ -155,8 +147,7 @@ def test_with_every_wake_up_lost_the_idle_poll_drains_the_queue(
     poll_s = 2.0
     worker = fleet(HTTP, SERVICE_ROLE_KEY=key, WORKER_POLL_INTERVAL=poll_s).start()
     closed = Door(worker.port)  # never opened: its port refuses connections
-    for sql, params in wake_ups_to(f"http://127.0.0.1:{closed.port}/wake", key):
-        db.execute(sql, params)
+    point_wake_ups(db, f"http://127.0.0.1:{closed.port}/wake", key)
     plan = Plan.soak(2_000, max_attempts=3, seed=29)
 
     started = time.monotonic()

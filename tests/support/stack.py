@@ -27,5 +27,14 @@ def start_supabase_like_cluster(**settings: str) -> Cluster:
 def point_wake_ups(conn: psycopg.Connection, url: str | None, key: str | None) -> None:
     """Where this session's wake-ups go and the key they carry: what `alter database postgres
     set ...` does for a self-hosted project, for one session. None clears the setting."""
-    conn.execute("select set_config('app.pgqueue_worker_url', %s, false)", (url or "",))
-    conn.execute("select set_config('app.service_role_key', %s, false)", (key or "",))
+    for sql, params in wake_up_settings(url, key):
+        conn.execute(sql, params)
+
+
+def wake_up_settings(url: str | None, key: str | None) -> list[tuple[str, tuple[str]]]:
+    """point_wake_ups() as statements, for a session that replays them on each connect (the
+    reliability suite's sweeper)."""
+    return [
+        ("select set_config('app.pgqueue_worker_url', %s, false)", (url or "",)),
+        ("select set_config('app.service_role_key', %s, false)", (key or "",)),
+    ]
