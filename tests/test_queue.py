@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Iterator
 from datetime import timedelta
 
 import psycopg
@@ -411,6 +412,8 @@ def test_service_role_has_exactly_the_worker_api(db: psycopg.Connection) -> None
         "retry",
         "cancel",
         "sweep",
+        "configure",
+        "default_max_attempts",
     }
     with db.transaction(force_rollback=True):
         db.execute("set local role service_role")
@@ -464,3 +467,112 @@ def test_enqueue_refuses_a_payload_over_one_mebibyte(db: psycopg.Connection) -> 
         db.execute("insert into pgqueue.jobs (kind, payload) values ('k', %s)", (big,))
     db.execute("select pgqueue.enqueue('fits', %s)", (Jsonb({"blob": "x" * 900_000}),))
     assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (1,)
+
+
+@pytest.fixture
+def config(db: psycopg.Connection) -> Iterator[dict]:
+    """The configuration as seeded; put back after the test."""
+    (seeded,) = db.execute("select pgqueue.configure()").fetchone()
+    yield seeded
+    restore = {k: v for k, v in seeded.items() if k != "updated_at"}
+    db.execute("select pgqueue.configure(%s)", (Jsonb(restore),))
+
+
+def test_configuration_is_seeded_from_the_answers(config: dict) -> None:
+    assert {k: v for k, v in config.items() if k != "updated_at"} == {
+        "max_attempts": 5,
+        "lease_seconds": 300,
+        "retention_days": 7,
+        "dead_letter_retention_days": 28,
+        "worker_url": None,
+        "worker_url_setting": "app.pgqueue_worker_url",
+        "service_key_setting": "app.service_role_key",
+        "sweep_schedule": "* * * * *",
+    }
+
+
+def test_new_jobs_and_claims_follow_the_configuration(db: psycopg.Connection, config) -> None:
+    db.execute("""select pgqueue.configure('{"max_attempts": 9, "lease_seconds": 42}')""")
+    enqueued = db.execute("select pgqueue.enqueue('a')").fetchone()[0]
+    (many,) = db.execute('select pgqueue.enqueue_many(\'[{"kind": "a"}]\')').fetchone()
+    inserted = db.execute("insert into pgqueue.jobs (kind) values ('a') returning id").fetchone()[0]
+    explicit = db.execute("select pgqueue.enqueue('a', max_attempts => 2)").fetchone()[0]
+    attempts = dict(db.execute("select id, max_attempts from pgqueue.jobs").fetchall())
+    assert [attempts[i] for i in (enqueued, many, inserted, explicit)] == [9, 9, 9, 2]
+    leases = db.execute(
+        "select extract(epoch from locked_until - locked_at)::int from pgqueue.claim('w', 4)"
+    ).fetchall()
+    assert leases == [(42,)] * 4
+    (token,) = db.execute(
+        "update pgqueue.jobs set locked_until = now() where id = %s returning lock_token",
+        (enqueued,),
+    ).fetchone()
+    assert db.execute("select pgqueue.heartbeat(%s, %s)", (enqueued, token)).fetchone()[0]
+    (left,) = db.execute(
+        "select extract(epoch from locked_until - now())::int from pgqueue.jobs where id = %s",
+        (enqueued,),
+    ).fetchone()
+    assert 40 <= left <= 42, "heartbeat without a lease argument renews the configured lease"
+
+
+def test_sweep_prunes_by_the_configured_retention(db: psycopg.Connection, config) -> None:
+    ids = [db.execute("select pgqueue.enqueue('old')").fetchone()[0] for _ in range(2)]
+    db.execute(
+        "update pgqueue.jobs set status = 'done', finished_at = now() - interval '3 days'"
+        " where id = %s",
+        (ids[0],),
+    )
+    db.execute(
+        "update pgqueue.jobs set status = 'failed', finished_at = now() - interval '3 days'"
+        " where id = %s",
+        (ids[1],),
+    )
+    assert db.execute("select pruned from pgqueue.sweep()").fetchone()[0] == 0
+    db.execute("""select pgqueue.configure('{"retention_days": 2}')""")
+    assert db.execute("select pruned from pgqueue.sweep()").fetchone()[0] == 1
+    db.execute("""select pgqueue.configure('{"dead_letter_retention_days": 2}')""")
+    assert db.execute("select pruned from pgqueue.sweep()").fetchone()[0] == 1
+
+
+@pytest.mark.parametrize(
+    ("changes", "error", "message"),
+    [
+        ({"lease": 1}, psycopg.errors.InvalidParameterValue, "unknown setting: lease"),
+        ({"max_attempts": None}, psycopg.errors.InvalidParameterValue, "cannot be null"),
+        ({"max_attempts": 0}, psycopg.errors.CheckViolation, "max_attempts_between_1_and_100"),
+        ({"lease_seconds": "soon"}, psycopg.errors.InvalidTextRepresentation, '"soon"'),
+        ({"worker_url": "ftp://x"}, psycopg.errors.CheckViolation, "worker_url_is_http"),
+        ({"sweep_schedule": "often"}, psycopg.errors.CheckViolation, "five_cron_fields"),
+        ({"service_key_setting": "key"}, psycopg.errors.CheckViolation, "a_custom_setting"),
+    ],
+)
+def test_configure_refuses_bad_settings_and_changes_nothing(
+    db: psycopg.Connection, config: dict, changes: dict, error: type, message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        db.execute("select pgqueue.configure(%s)", (Jsonb({"retention_days": 3, **changes}),))
+    assert db.execute("select pgqueue.configure()").fetchone()[0] == config
+
+
+def test_a_changed_schedule_reschedules_the_sweeper(db: psycopg.Connection, config) -> None:
+    db.execute("""select pgqueue.configure('{"sweep_schedule": "*/7 * * * *"}')""")
+    assert db.execute(
+        "select schedule, active from cron.job where jobname = 'pgqueue-sweep'"
+    ).fetchone() == ("*/7 * * * *", False), "the new schedule; the job's active flag is kept"
+
+
+def test_wake_ups_follow_the_configured_setting_names_and_url(
+    db: psycopg.Connection, config
+) -> None:
+    db.execute(
+        """select pgqueue.configure('{"service_key_setting": "app.other_key",
+        "worker_url": "http://127.0.0.1:9/wake"}')"""
+    )
+    db.execute("select set_config('app.other_key', 'k', false)")
+    (request_id,) = db.execute("select pgqueue.wake('test')").fetchone()
+    assert request_id is not None
+    (url,) = db.execute(
+        "select url from net.http_request_queue where id = %s", (request_id,)
+    ).fetchone()
+    assert url == "http://127.0.0.1:9/wake"
+    db.execute("select set_config('app.other_key', '', false)")

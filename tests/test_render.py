@@ -55,7 +55,9 @@ def test_every_variant_renders_cleanly(template: Path, tmp_path: Path, answers: 
     assert recorded["worker_style"] == answers["worker_style"]
     assert recorded["_commit"]
     migrations = sorted((project / "supabase/migrations").glob("*.sql"))
-    assert [m.name[:14].isdigit() and m.name[14] == "_" for m in migrations] == [True] * 4
+    stamps = [m.name[:14] for m in migrations]
+    assert all(s.isdigit() and m.name[14] == "_" for s, m in zip(stamps, migrations, strict=True))
+    assert len(set(stamps)) == len(stamps) >= 5, "one timestamp per migration"
 
 
 def test_non_default_answers_reach_every_file(template: Path, tmp_path: Path) -> None:

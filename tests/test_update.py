@@ -15,15 +15,19 @@ from pathlib import Path
 
 import copier
 import pytest
+import yaml
 from psycopg.types.json import Jsonb
 
+from tests.support.cluster import free_port
 from tests.support.project import (
-    REPO,
+    commit_everything,
     push_migrations,
+    release_refs,
     render,
     rendered_files,
     run,
     snapshot_template,
+    snapshot_with_history,
     supabase,
     update,
 )
@@ -44,13 +48,13 @@ EMAIL = {"kind": "send_email", "payload": {"to": "a@example.com", "subject": "s"
 
 
 @contextlib.contextmanager
-def run_worker(project: Path, dsn: str) -> Iterator[subprocess.Popen]:
+def run_worker(project: Path, dsn: str, **env: str) -> Iterator[subprocess.Popen]:
     """The rendered project's worker (postgres transport), on this interpreter, which has every
     dependency a variant needs; SIGTERM on the way out."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "my_app", "worker"],
         cwd=project,
-        env={**os.environ, "PYTHONPATH": str(project / "src"), "DATABASE_URL": dsn},
+        env={**os.environ, "PYTHONPATH": str(project / "src"), "DATABASE_URL": dsn, **env},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -66,12 +70,14 @@ def run_worker(project: Path, dsn: str) -> Iterator[subprocess.Popen]:
             proc.wait()
 
 
-def wait_for_status(cluster, ids: list[int], status: str, worker: subprocess.Popen) -> None:
+def wait_for_status(
+    cluster, ids: list[int], status: str, worker: subprocess.Popen, schema: str = "pgqueue"
+) -> None:
     deadline = time.monotonic() + 30
     with cluster.connect(autocommit=True) as db:
         while time.monotonic() < deadline:
             statuses = db.execute(
-                "select status from pgqueue.jobs where id = any(%s)", (ids,)
+                f"select status from {schema}.jobs where id = any(%s)", (ids,)
             ).fetchall()
             if {s for (s,) in statuses} == {status}:
                 return
@@ -87,46 +93,17 @@ def commit_all(repo: Path, message: str, tag: str | None = None) -> None:
         run([*GIT, "tag", tag], cwd=repo)
 
 
-def released_migration_changes(repo: Path) -> list[str]:
-    """Migrations that exist in a release tag but were changed or removed since."""
-    tags = run(["git", "tag", "--list", "v*"], cwd=repo).split()
-    problems = []
-    for tag in tags:
-        names = run(["git", "ls-tree", "--name-only", f"{tag}:{MIGRATIONS}"], cwd=repo).split()
-        for name in names:
-            path = f"{MIGRATIONS}/{name}"
-            released = run(["git", "show", f"{tag}:{path}"], cwd=repo)
-            current = repo / path
-            if not current.exists():
-                problems.append(f"{path}: released in {tag}, since removed")
-            elif current.read_text() != released:
-                problems.append(f"{path}: released in {tag}, since changed")
-    return problems
-
-
-def test_no_released_migration_was_ever_changed() -> None:
-    """The rule for this repo: schema changes ship as new migrations."""
-    assert released_migration_changes(REPO) == []
-
-
-def test_the_release_rule_catches_an_edited_migration(tmp_path: Path) -> None:
-    repo = snapshot_template(tmp_path / "tpl")
-    run(["git", "tag", "v1.0.0"], cwd=repo)
-    assert released_migration_changes(repo) == []
-    first = sorted((repo / MIGRATIONS).iterdir())[0]
-    first.write_text(first.read_text() + "\n-- edited after release\n")
-    last = sorted((repo / MIGRATIONS).iterdir())[-1]
-    last.unlink()
-    problems = released_migration_changes(repo)
-    assert problems == [
-        f"{MIGRATIONS}/{first.name}: released in v1.0.0, since changed",
-        f"{MIGRATIONS}/{last.name}: released in v1.0.0, since removed",
-    ]
-
-
-def test_copy_without_trust_gives_a_working_project(template: Path, tmp_path: Path) -> None:
-    copier.run_copy(str(template), str(tmp_path / "app"), defaults=True, vcs_ref="HEAD", quiet=True)
-    assert len(list((tmp_path / "app" / "supabase" / "migrations").glob("*.sql"))) == 4
+def test_copy_is_refused_without_trust_and_works_without_tasks(
+    template: Path, tmp_path: Path
+) -> None:
+    """The update task needs --trust; a user who would rather not trust the template can copy
+    with --skip-tasks (the task does nothing on copy)."""
+    with pytest.raises(copier.errors.UnsafeTemplateError, match="tasks"):
+        copier.run_copy(str(template), str(tmp_path / "refused"), defaults=True, vcs_ref="HEAD")
+    copier.run_copy(
+        str(template), str(tmp_path / "app"), defaults=True, vcs_ref="HEAD", skip_tasks=True
+    )
+    assert (tmp_path / "app" / "supabase/migrations/20261203000000_pgqueue_config.sql").exists()
 
 
 @pytest.fixture
@@ -238,21 +215,282 @@ def test_update_to_another_transport_renders_the_new_variant(
     run(["ruff", "format", "--check", "."], cwd=project)
 
 
-def test_latest_release_tag_updates_to_head(tmp_path: Path) -> None:
-    """Once this repo has a release tag, a project generated from it updates to HEAD."""
-    tags = subprocess.run(
-        ["git", "tag", "--list", "v*", "--sort=-v:refname"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    if not tags:
-        assert released_migration_changes(REPO) == []
-        return
-    project = tmp_path / "app"
-    copier.run_copy(str(REPO), str(project), defaults=True, vcs_ref=tags[0], unsafe=True)
+# --- The release rule, and updates from the release on a live database ---------------------
+
+# Answer sets the release is rendered with: every worker style, both transports, and every
+# answer that reaches a migration set away from its default.
+RELEASE_ANSWERS = {
+    "defaults": {},
+    "python-postgres-custom": {
+        "claim_transport": "postgres",
+        "queue_schema": "background",
+        "worker_url": "",
+        "max_attempts": 2,
+        "retention_days": 1,
+    },
+    "python-http-custom": {
+        "worker_style": "python-http",
+        "claim_transport": "postgres",
+        "worker_url": "https://worker.example.com/wake",
+        "worker_url_setting": "app.wake_url",
+        "service_key_setting": "app.wake_key",
+        "max_attempts": 9,
+        "lease_seconds": 45,
+        "retention_days": 3,
+        "sweep_schedule": "*/5 * * * *",
+    },
+    "edge": {"worker_style": "edge", "edge_function_name": "runner", "lease_seconds": 600},
+}
+RELEASES = release_refs()
+MIGRATIONS_DIR = "supabase/migrations"
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This repo's history with the working tree on top: releases and HEAD side by side."""
+    return snapshot_with_history(tmp_path_factory.mktemp("history") / "template")
+
+
+def render_at(template: Path, ref: str, dest: Path, answers: dict) -> Path:
+    copier.run_copy(
+        str(template), str(dest), data=answers, defaults=True, unsafe=True, vcs_ref=ref, quiet=True
+    )
+    return dest
+
+
+def released_migration_changes(release: Path, head: Path) -> list[str]:
+    """The release render's migrations that HEAD's render (same answers) lacks or renders
+    differently, byte for byte."""
+    problems = []
+    for old in sorted((release / MIGRATIONS_DIR).glob("*.sql")):
+        new = head / MIGRATIONS_DIR / old.name
+        if not new.exists():
+            problems.append(f"{old.name}: released, missing at HEAD")
+        elif new.read_bytes() != old.read_bytes():
+            problems.append(f"{old.name}: released, rendered differently at HEAD")
+    return problems
+
+
+@pytest.mark.parametrize("ref", RELEASES)
+@pytest.mark.parametrize("answers", RELEASE_ANSWERS.values(), ids=RELEASE_ANSWERS)
+def test_released_migrations_render_byte_identical_at_head(
+    history: Path, tmp_path: Path, ref: str, answers: dict
+) -> None:
+    release = render_at(history, ref, tmp_path / "release", answers)
+    head = render_at(history, "HEAD", tmp_path / "head", answers)
+    assert list((release / MIGRATIONS_DIR).glob("*.sql")), f"{ref} rendered no migration"
+    assert released_migration_changes(release, head) == []
+
+
+def test_the_release_rule_fails_when_a_released_migration_is_edited(
+    history: Path, tmp_path: Path
+) -> None:
+    release = render_at(history, RELEASES[-1], tmp_path / "release", {})
+    released = sorted((release / MIGRATIONS_DIR).glob("*.sql"))
+    edited = snapshot_template(tmp_path / "edited")
+    sources = edited / "template" / MIGRATIONS_DIR
+    # a change no reader would notice: one more space in the first released migration
+    (first,) = sources.glob(f"{released[0].name}*")
+    first.write_text(first.read_text().replace("create table", "create  table", 1))
+    (last,) = sources.glob(f"{released[-1].name}*")
+    last.unlink()
+    commit_everything(edited, "edit released migrations")
+    head = render_at(edited, "HEAD", tmp_path / "head", {})
+    assert released_migration_changes(release, head) == [
+        f"{released[0].name}: released, rendered differently at HEAD",
+        f"{released[-1].name}: released, missing at HEAD",
+    ]
+
+
+def expected_config(answers: dict) -> dict:
+    return {
+        "max_attempts": answers["max_attempts"],
+        "lease_seconds": answers["lease_seconds"],
+        "retention_days": answers["retention_days"],
+        "dead_letter_retention_days": answers["retention_days"] * 4,
+        "worker_url": answers["worker_url"] or None,
+        "worker_url_setting": answers["worker_url_setting"],
+        "service_key_setting": answers["service_key_setting"],
+        "sweep_schedule": answers["sweep_schedule"],
+    }
+
+
+def assert_database_follows_answers(db, project: Path) -> None:
+    """The configuration, the sweeper's schedule and what new jobs and claims get all match
+    the project's answers."""
+    answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    schema = answers["queue_schema"]
+    (config,) = db.execute(f"select {schema}.configure()").fetchone()
+    expected = expected_config(answers)
+    assert {k: config[k] for k in expected} == expected
+    (schedule,) = db.execute(
+        "select schedule from cron.job where jobname = %s", (f"{schema}-sweep",)
+    ).fetchone()
+    assert schedule == answers["sweep_schedule"]
+    (enqueued,) = db.execute(f"select {schema}.enqueue('config-probe')").fetchone()
+    (inserted,) = db.execute(
+        f"insert into {schema}.jobs (kind) values ('config-probe') returning id"
+    ).fetchone()
+    attempts = db.execute(
+        f"select max_attempts from {schema}.jobs where id in (%s, %s)", (enqueued, inserted)
+    ).fetchall()
+    assert attempts == [(answers["max_attempts"],)] * 2
+    (lease,) = db.execute(
+        f"select extract(epoch from locked_until - locked_at)::integer"
+        f" from {schema}.claim('probe', 2, kinds => array['config-probe'])"
+    ).fetchall()[0]
+    assert lease == answers["lease_seconds"]
+    db.execute(f"delete from {schema}.jobs where kind = 'config-probe'")
+
+
+def fill_queue(db, schema: str) -> dict[str, list[int]]:
+    """Jobs in every state, made with the release's own functions."""
+    queued = [i for (i,) in db.execute(f"select {schema}.enqueue_many(%s)", (Jsonb([EMAIL] * 3),))]
+    ids = {"queued": queued}
+    for state in ("running", "failed", "done"):
+        (job_id,) = db.execute(
+            f"select {schema}.enqueue(%s, max_attempts => 1)", (state,)
+        ).fetchone()
+        (token,) = db.execute(
+            f"select lock_token from {schema}.claim('release-worker', kinds => array[%s])",
+            (state,),
+        ).fetchone()
+        if state == "failed":
+            db.execute(f"select {schema}.fail(%s, %s, 'boom')", (job_id, token))
+        elif state == "done":
+            db.execute(f"select {schema}.complete(%s, %s)", (job_id, token))
+        ids[state] = [job_id]
+    return ids
+
+
+# (answers at the release, answers changed by the update)
+UPGRADES = {
+    "defaults-answers-changed": (
+        {},
+        {
+            "claim_transport": "postgres",
+            "max_attempts": 8,
+            "lease_seconds": 900,
+            "retention_days": 10,
+            "sweep_schedule": "*/2 * * * *",
+            "worker_url": "http://127.0.0.1:9/wake",
+            "service_key_setting": "app.wake_key",
+        },
+    ),
+    "python-postgres-custom-unchanged": (RELEASE_ANSWERS["python-postgres-custom"], {}),
+    "python-http-custom-answers-changed": (
+        RELEASE_ANSWERS["python-http-custom"],
+        {"worker_url": "", "lease_seconds": 30, "worker_url_setting": "app.other_url"},
+    ),
+}
+
+
+@pytest.mark.parametrize(("at_release", "changes"), UPGRADES.values(), ids=UPGRADES)
+def test_a_project_from_the_release_updates_to_head_with_its_live_jobs(
+    history: Path, tmp_path: Path, at_release: dict, changes: dict
+) -> None:
+    project = render_at(history, RELEASES[-1], tmp_path / "app", at_release)
     run(["git", "init", "-q", "-b", "main"], cwd=project)
-    commit_all(project, f"generated at {tags[0]}")
-    update(project, "HEAD")
-    assert not [p for p in rendered_files(project) if p.suffix == ".rej"]
+    commit_all(project, "generated at the release")
+    released = {p.name: p.read_bytes() for p in (project / MIGRATIONS_DIR).glob("*.sql")}
+    schema = at_release.get("queue_schema", "pgqueue")
+
+    cluster = start_supabase_like_cluster()
+    try:
+        push_migrations(project, cluster.url())
+        with cluster.connect(autocommit=True) as db:
+            db.execute("update cron.job set active = false")
+            ids = fill_queue(db, schema)
+            before = db.execute(
+                f"select id, kind, status, attempts, max_attempts from {schema}.jobs order by id"
+            ).fetchall()
+
+        update(project, "HEAD", **changes)
+        files = rendered_files(project)
+        assert not [p for p in files if p.suffix == ".rej"]
+        for name, content in released.items():
+            assert (project / MIGRATIONS_DIR / name).read_bytes() == content, name
+        supabase(project, "migration", "up", "--db-url", cluster.url())
+
+        with cluster.connect(autocommit=True) as db:
+            after = db.execute(
+                f"select id, kind, status, attempts, max_attempts from {schema}.jobs order by id"
+            ).fetchall()
+            assert after == before
+            assert_database_follows_answers(db, project)
+
+        # the updated project's worker drains the jobs that waited through the upgrade
+        env = {"SUPABASE_SERVICE_ROLE_KEY": "not-used-here", "PORT": str(free_port())}
+        with run_worker(project, cluster.dsn(), **env) as worker:
+            wait_for_status(cluster, ids["queued"], "done", worker, schema)
+        assert worker.returncode == 0, "SIGTERM ends the worker cleanly"
+        with cluster.connect() as db:
+            states = dict(db.execute(f"select id, status from {schema}.jobs").fetchall())
+        assert [states[i] for s in ("running", "failed", "done") for i in ids[s]] == [
+            "running",
+            "failed",
+            "done",
+        ]
+    finally:
+        cluster.destroy()
+
+
+def test_each_answer_change_adds_one_migration_that_changes_only_that_answer(
+    template: Path, tmp_path: Path
+) -> None:
+    project = render(template, tmp_path / "app")
+    run(["git", "init", "-q", "-b", "main"], cwd=project)
+    commit_all(project, "generated")
+    cluster = start_supabase_like_cluster()
+    try:
+        push_migrations(project, cluster.url())
+        with cluster.connect(autocommit=True) as db:
+            # changed at run time; no answer changes it, so no update may undo it
+            db.execute("""select pgqueue.configure('{"retention_days": 2}')""")
+
+        generated = set((project / MIGRATIONS_DIR).iterdir())
+        update(project, "HEAD", lease_seconds=600)
+        (added,) = set((project / MIGRATIONS_DIR).iterdir()) - generated
+        assert added.name.endswith("_pgqueue_config.sql")
+        assert '"lease_seconds": 600' in added.read_text()
+        assert "retention_days" not in added.read_text()
+        commit_all(project, "lease 600")
+        update(project, "HEAD", lease_seconds=600)
+        assert run(["git", "status", "--porcelain"], cwd=project) == "", "nothing changed"
+
+        # a migration of the user's dated later than now: the next one comes after it
+        user = project / MIGRATIONS_DIR / "20991231000000_orders.sql"
+        user.write_text(USER_MIGRATION)
+        commit_all(project, "our migration")
+        update(project, "HEAD", max_attempts=3, sweep_schedule="*/10 * * * *")
+        assert (project / MIGRATIONS_DIR / "20991231000001_pgqueue_config.sql").exists()
+
+        supabase(project, "migration", "up", "--db-url", cluster.url())
+        with cluster.connect(autocommit=True) as db:
+            (config,) = db.execute("select pgqueue.configure()").fetchone()
+            assert (config["lease_seconds"], config["max_attempts"]) == (600, 3)
+            assert config["retention_days"] == 2
+            assert config["sweep_schedule"] == "*/10 * * * *"
+            assert db.execute(
+                "select schedule from cron.job where jobname = 'pgqueue-sweep'"
+            ).fetchone() == ("*/10 * * * *",)
+    finally:
+        cluster.destroy()
+
+
+@pytest.mark.parametrize(
+    ("answer", "value", "message"),
+    [
+        ("queue_schema", "jobs", 'The queue schema cannot change on update: .* in "pgqueue"'),
+        ("package_name", "renamed", "The package name cannot change on update: .*src/my_app"),
+    ],
+)
+def test_answers_that_cannot_change_on_update_are_refused(
+    template: Path, tmp_path: Path, answer: str, value: str, message: str
+) -> None:
+    project = render(template, tmp_path / "app")
+    run(["git", "init", "-q", "-b", "main"], cwd=project)
+    commit_all(project, "generated")
+    with pytest.raises(ValueError, match=message):
+        update(project, "HEAD", **{answer: value})
+    assert run(["git", "status", "--porcelain"], cwd=project) == "", "nothing was written"

@@ -31,9 +31,8 @@ def run(cmd: list[str | Path], cwd: Path | None = None, env: dict | None = None,
     return proc.stdout
 
 
-def snapshot_template(dest: Path) -> Path:
-    """Copy the template repo's working tree (tracked and untracked, not ignored files) into a
-    fresh git repo with one commit, so tests render exactly what is on disk."""
+def copy_working_tree(dest: Path) -> None:
+    """Copy the template repo's working tree (tracked and untracked, not ignored files)."""
     files = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
         cwd=REPO,
@@ -46,11 +45,51 @@ def snapshot_template(dest: Path) -> Path:
             target = dest / os.fsdecode(name)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, target)
+
+
+def commit_everything(repo: Path, message: str) -> None:
     git = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com"]
+    run([*git, "add", "-A"], cwd=repo)
+    run([*git, "commit", "-q", "--allow-empty", "-m", message], cwd=repo)
+
+
+def snapshot_template(dest: Path) -> Path:
+    """The working tree in a fresh git repo with one commit, so tests render exactly what is
+    on disk."""
+    copy_working_tree(dest)
     run(["git", "init", "-q", "-b", "main"], cwd=dest)
-    run([*git, "add", "-A"], cwd=dest)
-    run([*git, "commit", "-q", "-m", "snapshot"], cwd=dest)
+    commit_everything(dest, "snapshot")
     return dest
+
+
+def snapshot_with_history(dest: Path) -> Path:
+    """A clone of this repo (so every release is in it) with the working tree committed on
+    top as HEAD: what `copier update` from a release to this change needs."""
+    run(["git", "clone", "-q", "--no-local", REPO, dest])
+    for name in run(["git", "ls-files", "-z"], cwd=dest).split("\0"):
+        if name:
+            (dest / name).unlink()
+    copy_working_tree(dest)
+    commit_everything(dest, "the working tree")
+    return dest
+
+
+def release_refs(repo: Path = REPO) -> list[str]:
+    """The template's releases: its v* tags, or, before the first tag, commit 70dac05 (the
+    first release users generated projects from). A clone without them fails loudly."""
+    tags = run(["git", "tag", "--list", "v*", "--sort=v:refname"], cwd=repo).split()
+    refs = tags or ["70dac05"]
+    for ref in refs:
+        probe = subprocess.run(
+            ["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
+            cwd=repo,
+            capture_output=True,
+        )
+        assert probe.returncode == 0, (
+            f"release {ref} is not in this clone of the template ({repo}): the release tests "
+            "need the full history (git fetch --unshallow --tags)"
+        )
+    return refs
 
 
 def questions() -> dict:

@@ -105,3 +105,51 @@ def test_missing_settings_are_named(installed: Installed) -> None:
     expected = "DATABASE_URL (or DB_URL)" if installed.transport == "postgres" else "SUPABASE_URL"
     assert f"error: {expected}" in proc.stderr
     assert "supabase status -o env" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "installed",
+    [v for v in python_variants() if v[0] == "python"],
+    indirect=True,
+    ids=variant_id,
+)
+def test_cli_config_shows_and_changes_the_database_configuration(
+    installed: Installed, stack_env: dict, db: psycopg.Connection
+) -> None:
+    script = installed.bin(SCRIPT)
+    (before,) = db.execute("select pgqueue.configure()").fetchone()
+    try:
+        shown = json.loads(run([script, "config", "show"], env=stack_env))
+        assert shown == before
+        assert (shown["max_attempts"], shown["lease_seconds"]) == (5, 300)
+
+        changed = json.loads(
+            run([script, "config", "set", "lease_seconds=600", "worker_url="], env=stack_env)
+        )
+        assert (changed["lease_seconds"], changed["worker_url"]) == (600, None)
+        db.execute("select pgqueue.enqueue('config-probe')")
+        (lease,) = db.execute(
+            "select extract(epoch from locked_until - locked_at)::integer"
+            " from pgqueue.claim('w', kinds => array['config-probe'])"
+        ).fetchone()
+        assert lease == 600
+
+        for change, message in [
+            ("lease_seconds=5", 'violates check constraint "lease_seconds_between_10_and_86400"'),
+            ("leases=5", "unknown setting: leases (The settings are max_attempts, "),
+            ("max_attempts=", "setting cannot be null: max_attempts"),
+            ("lease_seconds", "'lease_seconds' is not NAME=VALUE"),
+        ]:
+            refused = subprocess.run(
+                [script, "config", "set", change],
+                env={**os.environ, **stack_env},
+                capture_output=True,
+                text=True,
+            )
+            assert refused.returncode == 2, refused
+            assert message in refused.stderr
+        (after,) = db.execute("select pgqueue.configure()").fetchone()
+        assert after["lease_seconds"] == 600, "a refused change changes nothing"
+    finally:
+        restore = {k: v for k, v in before.items() if k != "updated_at"}
+        db.execute("select pgqueue.configure(%s)", (json.dumps(restore),))
