@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.util
 import json
 import os
 import secrets
@@ -21,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import ModuleType
 
 import httpx
 import psycopg
@@ -86,13 +88,14 @@ def install(projects: dict[str, Path]) -> dict[str, str | None]:
 def _check(package: str) -> str | None:
     check = (
         "import importlib\n"
+        "from bench.generated_worker import transport_module\n"
         f"worker = importlib.import_module('{package}.worker')\n"
         f"registry = importlib.import_module('{package}.registry')\n"
-        f"importlib.import_module('{package}.queue_client').open_queue\n"
+        f"transport_module('{package}').open_queue\n"
         "assert hasattr(worker.Worker, 'drain'), 'the generated Worker has no drain()'\n"
         "assert 'noop' in registry.load_handlers().kinds(), 'noop did not register'\n"
     )
-    proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:
         return f"the generated worker is not usable: {proc.stderr.strip()[-2000:]}"
     return None
@@ -346,15 +349,24 @@ def _latencies(
 # Child side: one worker process.
 
 
+def transport_module(package: str) -> ModuleType:
+    """The generated package's transport module (postgres_transport or supabase_transport),
+    whose open_queue() connects to the queue."""
+    for name in ("postgres_transport", "supabase_transport"):
+        if importlib.util.find_spec(f"{package}.{name}") is not None:
+            return importlib.import_module(f"{package}.{name}")
+    raise RuntimeError(f"{package} has no transport module")
+
+
 async def _child(mode: str, package: str) -> None:
-    queue_client = importlib.import_module(f"{package}.queue_client")
+    transport = transport_module(package)
     registry = importlib.import_module(f"{package}.registry")
     settings_module = importlib.import_module(f"{package}.settings")
     worker_module = importlib.import_module(f"{package}.worker")
     importlib.import_module(f"{package}.logs").configure(os.environ.get("LOG_LEVEL", "WARNING"))
 
     settings = settings_module.Settings.from_env()
-    queue = await queue_client.open_queue(settings)
+    queue = await transport.open_queue(settings)
     worker = worker_module.Worker(queue, settings, registry.load_handlers())
     loop = asyncio.get_running_loop()
     print("ready", flush=True)

@@ -65,6 +65,10 @@ async def e2e_probe(payload: Probe, job: JobInfo) -> None:
 '''
 
 
+# The kind the second service of the shared-queue test handles (and the first does not).
+OTHER_KIND = "e2e_other"
+
+
 def python_variants() -> list[tuple[str, str]]:
     """Every (worker_style, claim_transport) pair copier.yml offers for a Python worker."""
     qs = questions()
@@ -106,6 +110,20 @@ def install(template: Path, root: Path, style: str, transport: str) -> Installed
     return Installed(style, transport, path, venv, e2e_src)
 
 
+def other_service(installed: Installed, root: Path) -> Path:
+    """src/ of another service on the same queue: this project with its handlers replaced by
+    one for OTHER_KIND (the probe under another name)."""
+    src = root / "other-service" / "src"
+    shutil.copytree(installed.path / "src", src)
+    handlers = src / PACKAGE / "handlers"
+    for module in handlers.glob("send_*.py"):
+        module.unlink()
+    other = PROBE_HANDLER.replace('@handler("e2e_probe"', f'@handler("{OTHER_KIND}"')
+    assert other != PROBE_HANDLER
+    (handlers / f"{OTHER_KIND}.py").write_text(other)
+    return src
+
+
 def wait_until(
     condition: Callable[[], Any],
     timeout: float = 20,
@@ -128,13 +146,15 @@ def wait_until(
 class WorkerProcess:
     """`python -m my_app worker` of an installed variant, its output in a file."""
 
-    def __init__(self, installed: Installed, env: dict[str, str], log: Path) -> None:
+    def __init__(
+        self, installed: Installed, env: dict[str, str], log: Path, src: Path | None = None
+    ) -> None:
         self.port = int(env["PORT"]) if installed.http else None
         self.log = log
         self._log_file = log.open("w")
         self.proc = subprocess.Popen(
             [installed.bin("python"), "-m", PACKAGE, "worker"],
-            env={**os.environ, **env, "PYTHONPATH": str(installed.e2e_src)},
+            env={**os.environ, **env, "PYTHONPATH": str(src or installed.e2e_src)},
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
         )
@@ -188,12 +208,15 @@ class Workers:
     tmp_path: Path
     started: list[WorkerProcess] = field(default_factory=list)
 
-    def start(self, ready: bool = True, **settings: object) -> WorkerProcess:
+    def start(
+        self, ready: bool = True, src: Path | None = None, **settings: object
+    ) -> WorkerProcess:
+        """A worker process (of another service when `src` is given: see other_service())."""
         env = {**self.env, **{k: str(v) for k, v in settings.items()}}
         if self.installed.http:
             env |= {"HOST": "127.0.0.1", "PORT": str(free_port())}
         log = self.tmp_path / f"worker-{len(self.started)}.log"
-        worker = WorkerProcess(self.installed, env, log)
+        worker = WorkerProcess(self.installed, env, log, src)
         self.started.append(worker)
         if ready:
             worker.wait_ready()

@@ -16,10 +16,12 @@ from tests.support.pg_net import PgNetWorker
 from tests.support.postgrest import make_jwt
 
 from .helpers import (
+    OTHER_KIND,
     Installed,
     Workers,
     enqueue,
     job,
+    other_service,
     python_variants,
     runs,
     variant_id,
@@ -68,6 +70,46 @@ def test_job_enqueued_with_a_domain_row_runs_once(
         codes = [r[0] for r in db.execute("select status_code from net._http_response")]
         assert codes == [202]
     assert worker.proc.poll() is None
+
+
+@pytest.mark.parametrize(
+    "installed",
+    [v for v in python_variants() if v[0] == "python"],
+    indirect=True,
+    ids=variant_id,
+)
+def test_two_services_on_one_queue_each_run_only_their_own_kinds(
+    installed: Installed, workers: Workers, db: psycopg.Connection, tmp_path: Path
+) -> None:
+    """Two services share the default queue: this project (the probe and the example
+    handlers) and another one that handles only OTHER_KIND. Each claims only its own kinds, so
+    every job runs once, on the service that handles it, and nothing fails or is
+    dead-lettered; a job of a kind neither handles waits untouched."""
+    ours = workers.start(WORKER_NAME="ours")
+    theirs = workers.start(src=other_service(installed, tmp_path), WORKER_NAME="theirs")
+    log = tmp_path / "runs.jsonl"
+    with db.transaction():  # mixed in one batch, so each worker is offered the other's jobs
+        jobs = {
+            job_id: expected
+            for _ in range(10)
+            for job_id, expected in (
+                (enqueue(db, log=str(log)), "ours"),
+                (enqueue(db, kind=OTHER_KIND, log=str(log)), "theirs"),
+            )
+        }
+        nobodys = enqueue(db, kind="nobodys")
+
+    for job_id, service in jobs.items():
+        done = until_status(db, job_id, "done")
+        assert (done["locked_by"], done["attempts"], done["last_error"]) == (service, 1, None)
+        assert runs(log, job_id) == [(1, "start"), (1, "end")]
+    waiting = job(db, nobodys)
+    assert (waiting["status"], waiting["attempts"], waiting["last_error"]) == ("queued", 0, None)
+    assert db.execute("select count(*) from pgqueue.dead_letters").fetchone() == (0,)
+    [started] = theirs.events("worker.start")
+    assert started["kinds"] == [OTHER_KIND]
+    assert OTHER_KIND not in ours.events("worker.start")[0]["kinds"]
+    assert ours.proc.poll() is None and theirs.proc.poll() is None
 
 
 @pytest.mark.parametrize("installed", [("python", "postgres")], indirect=True, ids=variant_id)
@@ -130,7 +172,6 @@ def test_failures_are_retried_dead_lettered_and_the_worker_goes_on(
     log = tmp_path / "runs.jsonl"
     raising = enqueue(db, log=str(log), error="boom", max_attempts=2)
     invalid = enqueue(db, log=42, sleep="long")
-    unknown = enqueue(db, kind="no_such_kind")
 
     first = wait_until(
         lambda: (row := job(db, raising))["attempts"] == 1 and row["status"] == "queued" and row,
@@ -144,10 +185,6 @@ def test_failures_are_retried_dead_lettered_and_the_worker_goes_on(
     assert bad["attempts"] == 1
     assert bad["last_error"].startswith("invalid payload for 'e2e_probe': log: Input should be")
     assert "sleep: Input should be a valid number" in bad["last_error"]
-
-    lost = wait_until(lambda: (row := job(db, unknown))["attempts"] == 1 and row)
-    assert lost["status"] == "queued"  # retryable: a newer worker may know the kind
-    assert "no handler for kind 'no_such_kind'" in lost["last_error"]
 
     dead = until_status(db, raising, "failed", timeout=15, tick=sweeper(db), interval=0.3)
     assert (dead["attempts"], dead["last_error"]) == (2, "RuntimeError: boom")

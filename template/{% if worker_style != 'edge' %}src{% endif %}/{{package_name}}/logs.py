@@ -9,7 +9,11 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from datetime import UTC, datetime
+from typing import Any
+
+from .queue_client import Job
 
 # Attributes every LogRecord has; anything else on a record came from `extra=`.
 _STANDARD = {*vars(logging.makeLogRecord({})), "message", "asctime", "taskName"}
@@ -38,3 +42,18 @@ def configure(level: str = "INFO") -> None:
     root.setLevel(level.upper())
     # httpx logs every request at INFO: too chatty for a worker that polls.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def job_fields(job: Job) -> dict[str, Any]:
+    """What every log line about a job carries."""
+    return {"job_id": job.id, "kind": job.kind, "attempt": job.attempts, "queue": job.queue}
+
+
+def ms_since(started: float) -> float:
+    """Milliseconds since `started` (a time.monotonic() reading), for `duration_ms`."""
+    return round((time.monotonic() - started) * 1000, 1)
+
+
+def describe_exception(exc: BaseException) -> str:
+    """`TypeName: message`, or the type's name alone when the message is empty."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -5,7 +5,8 @@
     async def send_webhook(payload: WebhookPayload, job: JobInfo) -> None: ...
 
 The payload model is the annotation of the handler's first parameter; the worker validates
-the job's payload with it before the handler runs.
+the job's payload with it before the handler runs (describe_validation_error() words what
+does not fit).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, get_type_hints
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 DEFAULT_TIMEOUT = 300.0
 
@@ -100,6 +101,15 @@ def _payload_model(kind: str, func: HandlerFunc) -> type[BaseModel]:
             "e.g. `async def handle(payload: MyPayload, job: JobInfo) -> None`"
         )
     return model
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """pydantic's errors on one line: `to: String should match pattern ...; text: Field
+    required`."""
+    return "; ".join(
+        f"{'.'.join(map(str, error['loc'])) or 'payload'}: {error['msg']}"
+        for error in exc.errors(include_url=False)
+    )
 
 
 # The handlers of this application; handlers/ modules register with `@handler(...)`.

@@ -1,9 +1,9 @@
 # Worker machinery: you should not need to edit this file (handlers live in handlers/).
 """The queue client: one interface over the queue's SQL functions, whatever the transport.
 
-Every method is one call to a function in the `{{ queue_schema }}` schema (see
-supabase/migrations); no queue logic lives in Python. `open_queue(settings)` returns the
-transport this project was generated with.
+Every method is one call to a function in the queue's schema (settings.QUEUE_SCHEMA; see
+supabase/migrations); no queue logic lives in Python. The transport module this project was
+generated with implements it, and its `open_queue(settings)` returns one.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ from typing import Any, Literal, Protocol
 from uuid import UUID
 
 from pydantic import BaseModel
-
-from .settings import Settings
 
 
 class QueueUnavailable(Exception):
@@ -93,9 +91,10 @@ class QueueClient(Protocol):
         ...
 
     async def claim(
-        self, worker: str, max_jobs: int, *, queue: str, lease_seconds: int
+        self, worker: str, max_jobs: int, *, kinds: list[str], queue: str, lease_seconds: int
     ) -> list[Job]:
-        """Lease up to max_jobs runnable jobs of a queue to `worker`."""
+        """Lease up to max_jobs runnable jobs of these kinds on a queue to `worker`; jobs of
+        other kinds stay queued for the workers that handle them."""
         ...
 
     async def complete(self, job: Job) -> bool:
@@ -152,16 +151,3 @@ class QueueClient(Protocol):
         ...
 
     async def close(self) -> None: ...
-
-
-async def open_queue(settings: Settings) -> QueueClient:
-    """The queue client for this project's transport ({{ claim_transport }})."""
-{%- if claim_transport == 'postgres' %}
-    from .postgres_transport import PostgresQueue
-
-    return await PostgresQueue.open(settings.database_url)
-{%- else %}
-    from .supabase_transport import SupabaseQueue
-
-    return await SupabaseQueue.open(settings.supabase_url, settings.service_role_key)
-{%- endif %}

@@ -1,0 +1,132 @@
+# Worker machinery: you should not need to edit this file (handlers live in handlers/).
+"""One claimed job, from its claim to the outcome the queue records.
+
+The payload is validated with the handler's model, the handler runs in a task of its own, and
+the outcome goes back to the queue: success to the batched completions, a failure to fail()
+with the error (the queue decides between a retry with backoff and the dead letters), a job
+still running at shutdown to release().
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+
+from pydantic import ValidationError
+
+from .backoff import report
+from .completions import Completions
+from .leases import LeaseKeeper
+from .logs import describe_exception, job_fields, ms_since
+from .queue_client import Job, QueueClient
+from .registry import JobInfo, PermanentError, Registration, describe_validation_error
+
+log = logging.getLogger(__name__)
+
+
+class JobRunner:
+    def __init__(
+        self,
+        queue: QueueClient,
+        keeper: LeaseKeeper,
+        completions: Completions,
+        counts: Counter[str],
+        lease_seconds: int,
+    ) -> None:
+        self._queue = queue
+        self._keeper = keeper
+        self._completions = completions
+        self._counts = counts
+        self._lease_seconds = lease_seconds
+
+    def start(self, job: Job, registration: Registration, renew_at: float) -> asyncio.Task[None]:
+        """Run `job` in a task of its own, its lease kept (renewed from `renew_at` on) and its
+        handler stopped after the kind's timeout. Call ended() when the task is done."""
+        task = asyncio.create_task(self._run(job, registration), name=f"job-{job.id}")
+        self._keeper.watch(task, job, renew_at, time.monotonic() + registration.timeout)
+        return task
+
+    def ended(self, task: asyncio.Task[None], job: Job) -> None:
+        """`task`, which ran `job`, is done."""
+        self._keeper.forget(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            # _run reports every handler error; this is the queue failing to take one.
+            log.error(
+                "job outcome not recorded; the sweeper will retry the job when its lease ends",
+                exc_info=exc,
+                extra={"event": "job.unrecorded", **job_fields(job)},
+            )
+
+    async def _run(self, job: Job, registration: Registration) -> None:
+        started = time.monotonic()
+        if log.isEnabledFor(logging.INFO):
+            log.info("job started", extra={"event": "job.start", **job_fields(job)})
+        if job.payload_error is not None:
+            error = f"invalid payload for {job.kind!r}: {job.payload_error}"
+            await self._fail(job, error, retryable=False, started=started)
+            return
+        try:
+            payload = registration.payload_model.model_validate(job.payload)
+        except ValidationError as exc:
+            error = f"invalid payload for {job.kind!r}: {describe_validation_error(exc)}"
+            await self._fail(job, error, retryable=False, started=started)
+            return
+
+        info = JobInfo(job.id, job.kind, job.queue, job.attempts, job.max_attempts)
+        try:
+            # No timer per job: the lease keeper cancels this task when its time is up.
+            await registration.func(payload, info)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            reason = self._keeper.stopped_because(task) if task is not None else None
+            if task is None or reason is None:
+                await self._release(job)  # shutdown
+                raise
+            task.uncancel()
+            if reason == "timeout":
+                error = f"TimeoutError: timed out after {registration.timeout:g}s"
+                await self._fail(job, error, retryable=True, started=started)
+                return
+            self._counts["lost"] += 1
+            log.error(
+                "job stopped: its lease was lost (another attempt owns it now)",
+                extra={"event": "job.lost", "duration_ms": ms_since(started), **job_fields(job)},
+            )
+            return
+        except PermanentError as exc:
+            await self._fail(job, str(exc), retryable=False, started=started)
+            return
+        except Exception as exc:
+            await self._fail(job, describe_exception(exc), retryable=True, started=started)
+            return
+        self._completions.add(job, started)
+
+    async def _release(self, job: Job) -> None:
+        """Hand a job still running at shutdown back to the queue, so another worker runs it
+        now (its attempt not counted)."""
+        released = await report(lambda: self._queue.release(job), give_up_after=self._lease_seconds)
+        self._counts["released"] += 1
+        log.warning(
+            "job released at shutdown",
+            extra={"event": "job.released", "released": bool(released), **job_fields(job)},
+        )
+
+    async def _fail(self, job: Job, error: str, *, retryable: bool, started: float) -> None:
+        status = await report(
+            lambda: self._queue.fail(job, error, retryable=retryable),
+            give_up_after=self._lease_seconds,
+        )
+        outcome = {"queued": "retried", "failed": "dead"}.get(str(status), "lost")
+        self._counts[outcome] += 1
+        log.log(
+            logging.ERROR if outcome == "dead" else logging.WARNING,
+            "job failed",
+            extra={
+                "event": f"job.{outcome}",
+                "duration_ms": ms_since(started),
+                "error": error,
+                **job_fields(job),
+            },
+        )

@@ -1,0 +1,121 @@
+# Worker machinery: you should not need to edit this file (handlers live in handlers/).
+"""The lease keeper: one loop for every job a worker has in hand.
+
+It extends the lease of each job that has held it for half its length (heartbeat), stops the
+handler of a job whose lease was lost (the sweeper rescued it, or it was cancelled), and stops
+a handler that runs past its kind's timeout. It sleeps until the next of those is due, so a
+worker holds no timer per job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+from .logs import describe_exception
+from .queue_client import Job, QueueClient
+
+log = logging.getLogger(__name__)
+
+# Why the keeper stopped a job's handler.
+StopReason = Literal["timeout", "lease_lost"]
+
+
+@dataclass
+class _Lease:
+    """When a job's lease is next due for renewal and when its handler's time is up
+    (time.monotonic() readings)."""
+
+    job: Job
+    renew_at: float
+    deadline: float
+
+
+class LeaseKeeper:
+    def __init__(self, queue: QueueClient, lease_seconds: int) -> None:
+        self._queue = queue
+        self._lease_seconds = lease_seconds
+        self._leases: dict[asyncio.Task[None], _Lease] = {}
+        self._stopped: dict[asyncio.Task[None], StopReason] = {}
+        # Wakes the loop early, for a job due before the time it sleeps until.
+        self._poke = asyncio.Event()
+        self._wakes_at = 0.0
+
+    def watch(self, task: asyncio.Task[None], job: Job, renew_at: float, deadline: float) -> None:
+        """Keep the lease of the job that `task` runs, and stop `task` at `deadline`."""
+        self._leases[task] = _Lease(job, renew_at, deadline)
+        if min(deadline, renew_at) < self._wakes_at:
+            self._poke.set()
+
+    def forget(self, task: asyncio.Task[None]) -> None:
+        """`task` has ended: its job is no longer in hand."""
+        self._leases.pop(task, None)
+        self._stopped.pop(task, None)
+
+    def stopped_because(self, task: asyncio.Task[None]) -> StopReason | None:
+        """Why the keeper cancelled `task`, or None if it did not."""
+        return self._stopped.get(task)
+
+    async def run(self) -> None:
+        """Keep the leases until cancelled."""
+        while True:
+            try:
+                await self._turn()
+            except Exception:
+                # Never let one bad turn end the loop: every job's lease depends on it.
+                log.exception("lease keeper failed", extra={"event": "worker.keeper_failed"})
+                await asyncio.sleep(1.0)
+
+    async def _turn(self) -> None:
+        now = time.monotonic()
+        watched = [
+            (task, lease)
+            for task, lease in self._leases.items()
+            if not (task.done() or task in self._stopped)
+        ]
+        due = []
+        for task, lease in watched:
+            if lease.deadline <= now:
+                self._stop(task, "timeout")
+            elif lease.renew_at <= now:
+                due.append((task, lease))
+        if due:
+            await asyncio.gather(*(self._renew(task, lease) for task, lease in due))
+        times = [
+            min(lease.renew_at, lease.deadline)
+            for task, lease in watched
+            if task not in self._stopped
+        ]
+        self._wakes_at = min(times, default=now + self._lease_seconds / 2)
+        self._poke.clear()
+        delay = max(0.001, self._wakes_at - time.monotonic())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._poke.wait(), delay)
+
+    async def _renew(self, task: asyncio.Task[None], lease: _Lease) -> None:
+        sent = time.monotonic()
+        try:
+            kept = await self._queue.heartbeat(lease.job, self._lease_seconds)
+        except Exception as exc:  # QueueUnavailable, or the queue refusing the call
+            log.warning(
+                "heartbeat failed, retrying",
+                extra={
+                    "event": "job.heartbeat_failed",
+                    "job_id": lease.job.id,
+                    "error": describe_exception(exc),
+                },
+            )
+            lease.renew_at = time.monotonic() + min(1.0, self._lease_seconds / 4)
+            return
+        if kept:
+            lease.renew_at = sent + self._lease_seconds / 2
+        elif not task.done():
+            self._stop(task, "lease_lost")
+
+    def _stop(self, task: asyncio.Task[None], reason: StopReason) -> None:
+        self._stopped[task] = reason
+        task.cancel()
