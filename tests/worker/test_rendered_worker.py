@@ -13,7 +13,17 @@ import pytest
 
 from tests.support.project import render, rendered_files, run
 
-from .helpers import PACKAGE, SCRIPT, Installed, job, python_variants, variant_id
+from .helpers import (
+    PACKAGE,
+    SCRIPT,
+    Installed,
+    Workers,
+    enqueue,
+    job,
+    python_variants,
+    variant_id,
+    wait_until,
+)
 
 
 def test_only_the_variants_files_are_rendered(installed: Installed) -> None:
@@ -153,3 +163,28 @@ def test_cli_config_shows_and_changes_the_database_configuration(
     finally:
         restore = {k: v for k, v in before.items() if k != "updated_at"}
         db.execute("select pgqueue.configure(%s)", (json.dumps(restore),))
+
+
+@pytest.mark.parametrize(
+    "installed",
+    [v for v in python_variants() if v[0] == "python"],
+    indirect=True,
+    ids=variant_id,
+)
+def test_the_worker_leases_jobs_for_the_configured_lease(
+    installed: Installed, workers: Workers, db: psycopg.Connection, tmp_path: Path
+) -> None:
+    """No WORKER_LEASE_SECONDS: the worker reads the lease from the database when it starts,
+    so `config set lease_seconds=...` (or an answer changed on update) reaches it."""
+    db.execute("""select pgqueue.configure('{"lease_seconds": 77}')""")
+    try:
+        worker = workers.start()
+        job_id = enqueue(db, log=str(tmp_path / "runs.jsonl"), sleep=5)
+        row = wait_until(
+            lambda: (r := job(db, job_id))["status"] == "running" and r,
+            what="the job to be claimed",
+        )
+        assert (row["locked_until"] - row["locked_at"]).total_seconds() == 77
+        assert [e["lease_seconds"] for e in worker.events("worker.lease")] == [77]
+    finally:
+        db.execute("""select pgqueue.configure('{"lease_seconds": 300}')""")

@@ -46,11 +46,10 @@ class Worker:
         self._handlers = handlers
         # Outcomes so far: done, retried, dead (dead-lettered), lost (lease lost), released.
         self.counts: Counter[str] = Counter()
-        self._keeper = LeaseKeeper(queue, settings.lease_seconds)
-        self._completions = Completions(queue, settings.lease_seconds, self.counts)
-        self._runner = JobRunner(
-            queue, self._keeper, self._completions, self.counts, settings.lease_seconds
-        )
+        # The lease, and what depends on it, is known once the first run() or drain() starts:
+        # WORKER_LEASE_SECONDS, or else the lease configured in the database.
+        self._lease_seconds = settings.lease_seconds
+        self._machinery: tuple[LeaseKeeper, Completions, JobRunner] | None = None
         self._running: dict[asyncio.Task[None], Job] = {}
         self._stopping = asyncio.Event()
         # Set when a job's task ends or stop() is called: the claim loop waits on it.
@@ -86,18 +85,56 @@ class Worker:
         await self._loop(until_idle=True)
 
     async def _loop(self, *, until_idle: bool) -> None:
-        completions = asyncio.create_task(self._completions.run(), name="complete_many")
-        keeper = asyncio.create_task(self._keeper.run(), name="lease_keeper")
+        if self._machinery is None:
+            lease_seconds = await self._configured_lease()
+            if lease_seconds is None:
+                return  # stopped before the database answered
+            keeper = LeaseKeeper(self._queue, lease_seconds)
+            completions = Completions(self._queue, lease_seconds, self.counts)
+            runner = JobRunner(self._queue, keeper, completions, self.counts, lease_seconds)
+            self._lease_seconds = lease_seconds
+            self._machinery = (keeper, completions, runner)
+        keeper, completions, runner = self._machinery
+        reporting = asyncio.create_task(completions.run(), name="complete_many")
+        keeping = asyncio.create_task(keeper.run(), name="lease_keeper")
         try:
-            await self._claim_and_start(until_idle=until_idle)
+            await self._claim_and_start(lease_seconds=self._lease_seconds, until_idle=until_idle)
         finally:
             await self._finish()
             # Every job has ended: report the last successes, and stop the keeper.
-            self._completions.close()
-            keeper.cancel()
-            await asyncio.wait({completions, keeper})
+            completions.close()
+            keeping.cancel()
+            await asyncio.wait({reporting, keeping})
 
-    async def _claim_and_start(self, *, until_idle: bool) -> None:
+    async def _configured_lease(self) -> int | None:
+        """WORKER_LEASE_SECONDS, or else the lease configured in the database
+        (`<schema>.configure()`), read once: restart workers after `config set lease_seconds`.
+        Retried with backoff while the queue is unavailable; None if stopped meanwhile."""
+        if self._lease_seconds is not None:
+            return self._lease_seconds
+        outage = Backoff(0.5, MAX_OUTAGE_PAUSE)
+        while not self._stopping.is_set():
+            try:
+                config = await self._queue.configure()
+            except QueueUnavailable as exc:
+                delay = outage.next()
+                log.warning(
+                    "queue unavailable, retrying in %.1fs",
+                    delay,
+                    extra={"event": "worker.unavailable", "error": str(exc)},
+                )
+                await self._unless_stopped(asyncio.sleep(delay))
+                continue
+            lease_seconds = int(config["lease_seconds"])
+            log.info(
+                "lease from the database configuration: %d s",
+                lease_seconds,
+                extra={"event": "worker.lease", "lease_seconds": lease_seconds},
+            )
+            return lease_seconds
+        return None
+
+    async def _claim_and_start(self, *, lease_seconds: int, until_idle: bool) -> None:
         settings = self._settings
         kinds = self._handlers.kinds()
         idle = Backoff(_FIRST_IDLE_PAUSE, settings.poll_interval)
@@ -112,14 +149,14 @@ class Worker:
                 continue
             wanted = min(free, settings.batch_size)
             # Leases are counted from before the claim, so renewals are never late.
-            renew_at = time.monotonic() + settings.lease_seconds / 2
+            renew_at = time.monotonic() + lease_seconds / 2
             try:
                 jobs = await self._queue.claim(
                     settings.worker_name,
                     wanted,
                     kinds=kinds,
                     queue=settings.queue,
-                    lease_seconds=settings.lease_seconds,
+                    lease_seconds=lease_seconds,
                 )
             except QueueUnavailable as exc:
                 delay = outage.next()
@@ -150,12 +187,14 @@ class Worker:
         registration = self._handlers.get(job.kind)
         # The claim named only the kinds registered here, and a registry only ever grows.
         assert registration is not None, f"claimed a job of kind {job.kind!r} with no handler"
-        task = self._runner.start(job, registration, renew_at)
+        assert self._machinery is not None, "jobs are started only inside _loop()"
+        task = self._machinery[2].start(job, registration, renew_at)
         self._running[task] = job
         task.add_done_callback(self._ended)
 
     def _ended(self, task: asyncio.Task[None]) -> None:
-        self._runner.ended(task, self._running.pop(task))
+        assert self._machinery is not None, "jobs are started only inside _loop()"
+        self._machinery[2].ended(task, self._running.pop(task))
         self._changed.set()
 
     async def _job_ended(self) -> None:
