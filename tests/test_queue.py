@@ -414,6 +414,7 @@ def test_service_role_has_exactly_the_worker_api(db: psycopg.Connection) -> None
         "sweep",
         "configure",
         "default_max_attempts",
+        "health",
     }
     with db.transaction(force_rollback=True):
         db.execute("set local role service_role")

@@ -141,6 +141,11 @@ class QueueClient(Protocol):
         """Rows of the `dead_letters` view, newest first."""
         ...
 
+    async def health(self) -> list[dict[str, Any]]:
+        """Rows of `health()`: component, ok, detail -- what wake-ups and rescues depend on
+        (pg_net, the worker URL, the key, recent pg_net failures, the sweeper)."""
+        ...
+
     async def configure(self, changes: dict[str, Any] | None = None) -> dict[str, Any]:
         """The queue's run-time configuration (defaults for attempts, lease, retention, the
         wake-up URL and the sweeper's schedule), after applying `changes`."""

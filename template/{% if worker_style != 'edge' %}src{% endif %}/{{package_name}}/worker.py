@@ -37,6 +37,28 @@ log = logging.getLogger(__name__)
 _FIRST_IDLE_PAUSE = 0.1
 
 
+async def log_health(queue: QueueClient) -> None:
+    """Log a warning for each thing that stops wake-ups or rescues (`health()`), once at start:
+    a project never loses its wake-ups silently."""
+    try:
+        rows = await queue.health()
+    except Exception as exc:  # an older database, or none yet: the worker runs all the same
+        log.warning(
+            "health check unavailable (apply the migrations: supabase migration up): %s",
+            exc,
+            extra={"event": "worker.health_unavailable", "error": str(exc)},
+        )
+        return
+    for row in rows:
+        if not row["ok"]:
+            log.warning(
+                "%s: %s",
+                row["component"],
+                row["detail"],
+                extra={"event": "worker.health", "component": row["component"]},
+            )
+
+
 class Worker:
     def __init__(
         self, queue: QueueClient, settings: Settings, handlers: Registry = registry
@@ -78,6 +100,7 @@ class Worker:
                 "kinds": self._handlers.kinds(),
             },
         )
+        await log_health(self._queue)
         await self._loop(until_idle=False)
 
     async def drain(self) -> None:
