@@ -415,6 +415,7 @@ def test_service_role_has_exactly_the_worker_api(db: psycopg.Connection) -> None
         "configure",
         "default_max_attempts",
         "health",
+        "checkin",
     }
     with db.transaction(force_rollback=True):
         db.execute("set local role service_role")
@@ -577,3 +578,37 @@ def test_wake_ups_follow_the_configured_setting_names_and_url(
     ).fetchone()
     assert url == "http://127.0.0.1:9/wake"
     db.execute("select set_config('app.other_key', '', false)")
+
+
+def test_queued_jobs_no_worker_claims_are_listed_as_unclaimed(db: psycopg.Connection) -> None:
+    db.execute("truncate pgqueue.workers")
+    for kind in ("email", "email", "report", "invoice"):
+        db.execute("select pgqueue.enqueue(%s)", (kind,))
+    db.execute("select pgqueue.enqueue('email', queue => 'other')")
+
+    def unclaimed() -> list[tuple[str, str, int]]:
+        return db.execute(
+            "select queue, kind, jobs from pgqueue.unclaimed order by queue, kind"
+        ).fetchall()
+
+    assert unclaimed() == [
+        ("default", "email", 2),
+        ("default", "invoice", 1),
+        ("default", "report", 1),
+        ("other", "email", 1),
+    ]
+    db.execute("select pgqueue.checkin('a', 'default', array['email', 'report'])")
+    assert unclaimed() == [("default", "invoice", 1), ("other", "email", 1)]
+    # a worker checks in again with other kinds: its old ones no longer count
+    db.execute("select pgqueue.checkin('a', 'default', array['invoice'])")
+    assert unclaimed() == [("default", "email", 2), ("default", "report", 1), ("other", "email", 1)]
+    # a worker not seen for 10 minutes claims nothing
+    db.execute("select pgqueue.checkin('b', 'default', array['email', 'report'])")
+    db.execute(
+        "update pgqueue.workers set seen_at = now() - interval '11 minutes' where worker = 'b'"
+    )
+    assert ("default", "email", 2) in unclaimed()
+    # and one not seen for a day is forgotten at the next check-in
+    db.execute("update pgqueue.workers set seen_at = now() - interval '2 days' where worker = 'b'")
+    db.execute("select pgqueue.checkin('a', 'default', array['invoice'])")
+    assert db.execute("select worker from pgqueue.workers").fetchall() == [("a",)]
