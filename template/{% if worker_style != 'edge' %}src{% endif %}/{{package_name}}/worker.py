@@ -94,8 +94,8 @@ class Worker:
             await self._finish()
             # Every job has ended: report the last successes, and stop the keeper.
             self._completions.close()
-            keeper.cancel()
-            await asyncio.wait({completions, keeper})
+            self._keeper.stop()
+            await asyncio.gather(completions, keeper)
 
     async def _claim_and_start(self, *, until_idle: bool) -> None:
         settings = self._settings
