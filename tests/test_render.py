@@ -1,15 +1,18 @@
-"""Rendering: every variant from copier.yml renders cleanly; bad answers are refused."""
+"""Rendering: every variant from copier.yml renders cleanly, with no template residue (see
+tests/support/residue.py); bad answers are refused with a message that says what is wrong."""
 
 from __future__ import annotations
 
 import itertools
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.support.project import questions, render, rendered_files, run
+from tests.support.residue import residue
 
 # "}}" alone is ordinary JSON; a leftover Jinja expression or tag always has an opening.
 JINJA_LEFTOVER = re.compile(r"{{|{%|%}|{#")
@@ -32,7 +35,7 @@ def variant_id(answers: dict) -> str:
     return f"{answers['worker_style']}-{answers['claim_transport']}"
 
 
-def assert_clean(project: Path) -> None:
+def assert_clean(project: Path, *, wrapping: bool = True) -> None:
     files = rendered_files(project)
     assert files
     leftovers = [
@@ -43,6 +46,7 @@ def assert_clean(project: Path) -> None:
     ]
     assert leftovers == [], "leftover Jinja in rendered files"
     assert not [p for p in files if p.suffix in (".jinja", ".rej", ".orig")]
+    assert residue(project, wrapping=wrapping) == []
     run(["ruff", "check", "."], cwd=project)
     run(["ruff", "format", "--check", "."], cwd=project)
 
@@ -60,6 +64,51 @@ def test_every_variant_renders_cleanly(template: Path, tmp_path: Path, answers: 
     assert len(set(stamps)) == len(stamps) >= 5, "one timestamp per migration"
 
 
+@pytest.mark.parametrize("answers", VARIANTS, ids=variant_id)
+def test_each_variant_ships_only_its_own_tooling(
+    template: Path, tmp_path: Path, answers: dict
+) -> None:
+    project = render(template, tmp_path / "app", **answers)
+    hooks = {
+        hook["id"]
+        for repo in yaml.safe_load((project / ".pre-commit-config.yaml").read_text())["repos"]
+        for hook in repo["hooks"]
+    }
+    workflow = (project / ".github/workflows/ci.yml").read_text()
+    if answers["worker_style"] == "edge":
+        assert not (project / "pyproject.toml").exists(), "no Python to configure"
+        assert not (project / "uv.lock").exists()
+        assert {"deno-fmt", "deno-lint", "deno-check"} <= hooks
+        assert not {h for h in hooks if h.startswith(("ruff", "mypy"))}
+        assert "uv " not in workflow and "Python" not in (project / ".gitignore").read_text()
+    else:
+        pyproject = tomllib.loads((project / "pyproject.toml").read_text())
+        assert pyproject["tool"]["mypy"]["strict"] is True
+        lock = tomllib.loads((project / "uv.lock").read_text())
+        [own] = [p for p in lock["package"] if p["source"] == {"editable": "."}]
+        assert own["name"] == pyproject["project"]["name"] == "my-app"
+        assert {"ruff-check", "ruff-format", "mypy"} <= hooks
+        assert not {h for h in hooks if h.startswith("deno")}
+        assert "astral-sh/setup-uv@" in workflow and "uv sync --locked" in workflow
+        assert "pip install" not in workflow
+
+
+@pytest.mark.parametrize("answers", VARIANTS, ids=variant_id)
+def test_readme_describes_only_its_variant(template: Path, tmp_path: Path, answers: dict) -> None:
+    readme = (render(template, tmp_path / "app", **answers) / "README.md").read_text()
+    style, transport = answers["worker_style"], answers["claim_transport"]
+    wakes_by_post = style != "python"
+    assert ("## The wake-up URL and key" in readme) == wakes_by_post
+    assert ("pg_net POST" in readme) == wakes_by_post
+    assert (":8000/wake" in readme) == (style == "python-http")
+    assert ("/functions/v1/" in readme) == (style == "edge")
+    assert ("LISTEN" in readme) == (style == "python" and transport == "postgres")
+    assert ("uv sync" in readme) == (style != "edge")
+    assert ("Exposed schemas" in readme) == (style == "edge" or transport == "supabase")
+    steps = re.findall(r"^(\d)\. ", readme.split("## Setting up")[1].split("\n## ")[0], re.M)
+    assert steps == [str(n) for n in range(1, len(steps) + 1)], "setup steps numbered in order"
+
+
 def test_non_default_answers_reach_every_file(template: Path, tmp_path: Path) -> None:
     project = render(
         template,
@@ -71,7 +120,7 @@ def test_non_default_answers_reach_every_file(template: Path, tmp_path: Path) ->
         worker_style="python-http",
         worker_url="https://worker.example.com/wake",
     )
-    assert_clean(project)
+    assert_clean(project, wrapping=False)  # prose is wrapped for the default answers
     config = (project / "supabase/config.toml").read_text()
     assert 'schemas = ["public", "graphql_public", "billing_q"]' in config
     assert 'project_id = "billing-jobs"' in config
@@ -86,12 +135,12 @@ def test_non_default_answers_reach_every_file(template: Path, tmp_path: Path) ->
 BAD_ANSWERS = [
     ("queue_schema", "x; drop table jobs", "plain SQL identifier"),
     ("queue_schema", "Jobs", "plain SQL identifier"),
-    ("queue_schema", "public", "reserved"),
-    ("queue_schema", "pg_jobs", "reserved"),
+    ("queue_schema", "public", "is reserved by Postgres or Supabase"),
+    ("queue_schema", "pg_jobs", "is reserved by Postgres or Supabase"),
     ("project_slug", "../evil", "must start with a lowercase letter"),
     ("project_slug", "My App", "must start with a lowercase letter"),
     ("package_name", "my-app", "lowercase Python identifier"),
-    ("package_name", "import", "keyword"),
+    ("package_name", "import", "is a Python keyword or shadows a module the worker imports"),
     ("project_name", "", "must not be empty"),
     ("project_name", 'x"; rm -rf /', "must not contain quotes"),
     ("worker_url", "http://x/'; drop table pgqueue.jobs; --", "http:// or https:// URL"),
@@ -108,7 +157,7 @@ BAD_ANSWERS = [
     ("sweep_schedule", "* * * *", "five cron fields"),
     ("sweep_schedule", "* * * * *'; drop", "five cron fields"),
     ("retention_days", 0, "between 1 and"),
-    ("worker_style", "celery", "celery"),
+    ("worker_style", "celery", f"'celery' is not in {choices('worker_style')}"),
     ("edge_function_name", "Job_Worker", "lowercase letters, digits and single dashes"),
 ]
 

@@ -23,7 +23,7 @@ def installs(
     template: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[tuple[str, str], Future[Installed]]]:
     """Every variant, installing in the background from the first test that needs one on
-    (pip mostly waits on the network); each test waits for its own variant only."""
+    (uv mostly waits on the network); each test waits for its own variant only."""
     with ThreadPoolExecutor(max_workers=len(VARIANTS)) as pool:
         yield {
             variant: pool.submit(
@@ -36,7 +36,7 @@ def installs(
 @pytest.fixture(params=VARIANTS, ids=variant_id)
 def installed(request: pytest.FixtureRequest, installs: dict, stack_env: dict) -> Installed:
     """A rendered variant installed in its own venv (parametrized over all of them). Asks
-    for the stack after `installs`, so the stack starts while pip runs."""
+    for the stack after `installs`, so the stack starts while uv runs."""
     return installs[request.param].result()
 
 

@@ -82,7 +82,8 @@ def variant_id(variant: tuple[str, str]) -> str:
 
 @dataclass
 class Installed:
-    """A rendered project installed (editable, with its dev extras) in a venv of its own."""
+    """A rendered project installed (editable, with its dev extras) in a venv of its own, as
+    its README says: `uv sync --locked --extra dev`."""
 
     style: str
     transport: str
@@ -102,8 +103,12 @@ class Installed:
 def install(template: Path, root: Path, style: str, transport: str) -> Installed:
     path = render(template, root / "project", worker_style=style, claim_transport=transport)
     venv = root / "venv"
-    run([sys.executable, "-m", "venv", venv])
-    run([venv / "bin" / "pip", "install", "-q", "--no-compile", "-e", f"{path}[dev]"])
+    # --locked: the committed uv.lock must match the variant's pyproject.toml as rendered.
+    run(
+        ["uv", "sync", "--locked", "--extra", "dev", "--python", sys.executable, "--no-progress"],
+        cwd=path,
+        env={"UV_PROJECT_ENVIRONMENT": str(venv)},
+    )
     e2e_src = root / "e2e" / "src"
     shutil.copytree(path / "src", e2e_src)
     (e2e_src / PACKAGE / "handlers" / "e2e_probe.py").write_text(PROBE_HANDLER)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import psycopg
@@ -48,9 +50,10 @@ def test_edge_variant_has_no_python_worker(template: Path, tmp_path: Path) -> No
     assert not names & {"src", "tests", ".env.example"}
 
 
-def test_project_passes_ruff_and_its_own_tests(installed: Installed, stack_env: dict) -> None:
+def test_project_passes_ruff_mypy_and_its_own_tests(installed: Installed, stack_env: dict) -> None:
     run([installed.bin("ruff"), "check", "."], cwd=installed.path)
     run([installed.bin("ruff"), "format", "--check", "."], cwd=installed.path)
+    assert "Success: no issues found" in run([installed.bin("mypy")], cwd=installed.path)
     out = run(
         [installed.bin("pytest"), "-q", "-p", "no:cacheprovider"],
         cwd=installed.path,
@@ -188,3 +191,32 @@ def test_the_worker_leases_jobs_for_the_configured_lease(
         assert [e["lease_seconds"] for e in worker.events("worker.lease")] == [77]
     finally:
         db.execute("""select pgqueue.configure('{"lease_seconds": 300}')""")
+
+
+UNTYPED = "\n\ndef untyped(value):\n    return value\n"
+
+
+@pytest.mark.parametrize("installed", [("python", "postgres")], indirect=True, ids=variant_id)
+def test_mypy_is_strict_on_the_machinery_only(installed: Installed, tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    shutil.copytree(installed.path, project, ignore=shutil.ignore_patterns(".mypy_cache"))
+    package = project / "src" / PACKAGE
+    (package / "handlers" / "loose.py").write_text(f'"""Without type hints."""{UNTYPED}')
+    run([installed.bin("mypy")], cwd=project)  # handlers/ is the user's: not strict
+
+    worker = package / "worker.py"
+    worker.write_text(worker.read_text() + UNTYPED)
+    proc = subprocess.run([installed.bin("mypy")], cwd=project, capture_output=True, text=True)
+    assert proc.returncode == 1, proc.stdout
+    assert "worker.py:" in proc.stdout and "missing a type annotation" in proc.stdout
+
+
+def test_pip_installs_the_project_too(template: Path, tmp_path: Path) -> None:
+    """uv is the project's package manager, but `pip install -e ".[dev]"` works as well (the
+    variant with the most dependencies)."""
+    project = render(template, tmp_path / "app", worker_style="python-http")
+    venv = tmp_path / "venv"
+    run([sys.executable, "-m", "venv", venv])
+    run([venv / "bin" / "pip", "install", "-q", "--no-compile", "-e", ".[dev]"], cwd=project)
+    assert "enqueue" in run([venv / "bin" / SCRIPT, "--help"])
+    run([venv / "bin" / "mypy"], cwd=project)

@@ -10,7 +10,6 @@ worker holds no timer per job.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -41,9 +40,10 @@ class LeaseKeeper:
         self._lease_seconds = lease_seconds
         self._leases: dict[asyncio.Task[None], _Lease] = {}
         self._stopped: dict[asyncio.Task[None], StopReason] = {}
-        # Wakes the loop early, for a job due before the time it sleeps until.
+        # Wakes the loop early: for a job due before the time it sleeps until, or for stop().
         self._poke = asyncio.Event()
         self._wakes_at = 0.0
+        self._stopping = False
 
     def watch(self, task: asyncio.Task[None], job: Job, renew_at: float, deadline: float) -> None:
         """Keep the lease of the job that `task` runs, and stop `task` at `deadline`."""
@@ -61,14 +61,22 @@ class LeaseKeeper:
         return self._stopped.get(task)
 
     async def run(self) -> None:
-        """Keep the leases until cancelled."""
-        while True:
-            try:
-                await self._turn()
-            except Exception:
-                # Never let one bad turn end the loop: every job's lease depends on it.
-                log.exception("lease keeper failed", extra={"event": "worker.keeper_failed"})
-                await asyncio.sleep(1.0)
+        """Keep the leases until stop() is called."""
+        try:
+            while not self._stopping:
+                try:
+                    await self._turn()
+                except Exception:
+                    # Never let one bad turn end the loop: every job's lease depends on it.
+                    log.exception("lease keeper failed", extra={"event": "worker.keeper_failed"})
+                    await asyncio.sleep(1.0)
+        finally:
+            self._stopping = False  # ready for the next run()
+
+    def stop(self) -> None:
+        """Let run() return (once its current turn is over)."""
+        self._stopping = True
+        self._poke.set()
 
     async def _turn(self) -> None:
         now = time.monotonic()
@@ -91,10 +99,17 @@ class LeaseKeeper:
             if task not in self._stopped
         ]
         self._wakes_at = min(times, default=now + self._lease_seconds / 2)
+        if self._stopping:
+            return
+        # Sleep until then, or until poked (no wait_for(): on Python 3.11 a cancellation that
+        # comes as the wait ends can be lost).
         self._poke.clear()
         delay = max(0.001, self._wakes_at - time.monotonic())
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._poke.wait(), delay)
+        alarm = asyncio.get_running_loop().call_later(delay, self._poke.set)
+        try:
+            await self._poke.wait()
+        finally:
+            alarm.cancel()
 
     async def _renew(self, task: asyncio.Task[None], lease: _Lease) -> None:
         sent = time.monotonic()

@@ -126,8 +126,8 @@ class Worker:
             await self._finish()
             # Every job has ended: report the last successes, and stop the keeper.
             completions.close()
-            keeping.cancel()
-            await asyncio.wait({reporting, keeping})
+            keeper.stop()
+            await asyncio.gather(reporting, keeping)
 
     async def _configured_lease(self) -> int | None:
         """WORKER_LEASE_SECONDS, or else the lease configured in the database
