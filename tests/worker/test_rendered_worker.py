@@ -220,3 +220,40 @@ def test_pip_installs_the_project_too(template: Path, tmp_path: Path) -> None:
     run([venv / "bin" / "pip", "install", "-q", "--no-compile", "-e", ".[dev]"], cwd=project)
     assert "enqueue" in run([venv / "bin" / SCRIPT, "--help"])
     run([venv / "bin" / "mypy"], cwd=project)
+
+
+@pytest.mark.parametrize(
+    "installed",
+    [v for v in python_variants() if v[0] == "python"],
+    indirect=True,
+    ids=variant_id,
+)
+def test_stats_warns_of_queued_kinds_no_worker_claims(
+    installed: Installed, workers: Workers, stack_env: dict, db: psycopg.Connection
+) -> None:
+    db.execute("truncate pgqueue.workers")
+    # due in an hour: queued all through the test, whoever claims the kind
+    later = "run_after => now() + interval '1 hour'"
+    db.execute(f"select pgqueue.enqueue('send_email', {later})")
+    db.execute(f"select pgqueue.enqueue('nobody_handles_this', {later})")
+
+    def warnings() -> str:
+        proc = subprocess.run(
+            [installed.bin(SCRIPT), "stats"],
+            env={**os.environ, **stack_env},
+            capture_output=True,
+            text=True,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc.stderr
+
+    assert "queued 'send_email' jobs in queue 'default': no worker" in warnings()
+    assert "queued 'nobody_handles_this' jobs" in warnings()
+    worker = workers.start()  # checks in with the kinds it has handlers for
+    wait_until(
+        lambda: db.execute("select count(*) from pgqueue.workers").fetchone()[0] == 1,
+        what="the worker to check in",
+    )
+    assert "'send_email' jobs" not in warnings()
+    assert "1 queued 'nobody_handles_this' jobs in queue 'default'" in warnings()
+    assert worker.proc.poll() is None

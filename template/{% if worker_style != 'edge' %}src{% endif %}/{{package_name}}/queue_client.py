@@ -141,6 +141,15 @@ class QueueClient(Protocol):
         """Rows of the `dead_letters` view, newest first."""
         ...
 
+    async def checkin(self, worker: str, queue: str, kinds: list[str]) -> None:
+        """Tell the database that `worker` claims `kinds` from `queue` (see `unclaimed`)."""
+        ...
+
+    async def unclaimed(self) -> list[dict[str, Any]]:
+        """Rows of the `unclaimed` view: queued jobs per queue and kind that no worker seen in
+        the last 10 minutes claims."""
+        ...
+
     async def health(self) -> list[dict[str, Any]]:
         """Rows of `health()`: component, ok, detail -- what wake-ups and rescues depend on
         (pg_net, the worker URL, the key, recent pg_net failures, the sweeper)."""

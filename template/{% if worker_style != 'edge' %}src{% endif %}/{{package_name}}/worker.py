@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 # The pause between polls of an empty queue starts here and doubles up to
 # settings.poll_interval.
 _FIRST_IDLE_PAUSE = 0.1
+# How often a worker tells the database which kinds it claims (the `unclaimed` view counts a
+# worker seen in the last 10 minutes).
+_CHECKIN_INTERVAL = 60.0
 
 
 async def log_health(queue: QueueClient) -> None:
@@ -70,8 +73,8 @@ class Worker:
         self.counts: Counter[str] = Counter()
         # The lease, and what depends on it, is known once the first run() or drain() starts:
         # WORKER_LEASE_SECONDS, or else the lease configured in the database.
-        self._lease_seconds = settings.lease_seconds
-        self._machinery: tuple[LeaseKeeper, Completions, JobRunner] | None = None
+        self._machinery: tuple[int, LeaseKeeper, Completions, JobRunner] | None = None
+        self._next_checkin = 0.0
         self._running: dict[asyncio.Task[None], Job] = {}
         self._stopping = asyncio.Event()
         # Set when a job's task ends or stop() is called: the claim loop waits on it.
@@ -115,13 +118,12 @@ class Worker:
             keeper = LeaseKeeper(self._queue, lease_seconds)
             completions = Completions(self._queue, lease_seconds, self.counts)
             runner = JobRunner(self._queue, keeper, completions, self.counts, lease_seconds)
-            self._lease_seconds = lease_seconds
-            self._machinery = (keeper, completions, runner)
-        keeper, completions, runner = self._machinery
+            self._machinery = (lease_seconds, keeper, completions, runner)
+        lease_seconds, keeper, completions, _ = self._machinery
         reporting = asyncio.create_task(completions.run(), name="complete_many")
         keeping = asyncio.create_task(keeper.run(), name="lease_keeper")
         try:
-            await self._claim_and_start(lease_seconds=self._lease_seconds, until_idle=until_idle)
+            await self._claim_and_start(lease_seconds=lease_seconds, until_idle=until_idle)
         finally:
             await self._finish()
             # Every job has ended: report the last successes, and stop the keeper.
@@ -133,8 +135,8 @@ class Worker:
         """WORKER_LEASE_SECONDS, or else the lease configured in the database
         (`<schema>.configure()`), read once: restart workers after `config set lease_seconds`.
         Retried with backoff while the queue is unavailable; None if stopped meanwhile."""
-        if self._lease_seconds is not None:
-            return self._lease_seconds
+        if self._settings.lease_seconds is not None:
+            return self._settings.lease_seconds
         outage = Backoff(0.5, MAX_OUTAGE_PAUSE)
         while not self._stopping.is_set():
             try:
@@ -171,6 +173,8 @@ class Worker:
                 await self._job_ended()
                 continue
             wanted = min(free, settings.batch_size)
+            if time.monotonic() >= self._next_checkin:
+                await self._checkin(kinds)
             # Leases are counted from before the claim, so renewals are never late.
             renew_at = time.monotonic() + lease_seconds / 2
             try:
@@ -206,18 +210,30 @@ class Worker:
                 idle.reset()
             await self._unless_stopped(self._queue.wait_for_jobs(settings.queue, idle.next()))
 
+    async def _checkin(self, kinds: list[str]) -> None:
+        """Tell the database which kinds this worker claims; never stops the worker."""
+        self._next_checkin = time.monotonic() + _CHECKIN_INTERVAL
+        try:
+            await self._queue.checkin(self._settings.worker_name, self._settings.queue, kinds)
+        except Exception as exc:  # an older database, or an outage the claim will meet too
+            log.warning(
+                "check-in failed (apply the migrations: supabase migration up): %s",
+                exc,
+                extra={"event": "worker.checkin_failed", "error": str(exc)},
+            )
+
     def _start(self, job: Job, renew_at: float) -> None:
         registration = self._handlers.get(job.kind)
         # The claim named only the kinds registered here, and a registry only ever grows.
         assert registration is not None, f"claimed a job of kind {job.kind!r} with no handler"
         assert self._machinery is not None, "jobs are started only inside _loop()"
-        task = self._machinery[2].start(job, registration, renew_at)
+        task = self._machinery[3].start(job, registration, renew_at)
         self._running[task] = job
         task.add_done_callback(self._ended)
 
     def _ended(self, task: asyncio.Task[None]) -> None:
         assert self._machinery is not None, "jobs are started only inside _loop()"
-        self._machinery[2].ended(task, self._running.pop(task))
+        self._machinery[3].ended(task, self._running.pop(task))
         self._changed.set()
 
     async def _job_ended(self) -> None:
