@@ -91,6 +91,10 @@ class Worker:
         self._stopping.set()
         self._changed.set()
 
+    def poke(self) -> None:
+        """Claim again now, if slots are free: jobs may have arrived (a wake-up came)."""
+        self._changed.set()
+
     async def run(self) -> None:
         """Claim and run jobs until stop() is called."""
         log.info(
@@ -170,12 +174,15 @@ class Worker:
         while not self._stopping.is_set():
             free = settings.concurrency - len(self._running)
             if free < refill:
+                self._changed.clear()
                 await self._job_ended()
                 continue
             wanted = min(free, settings.batch_size)
             if time.monotonic() >= self._next_checkin:
                 await self._checkin(kinds)
-            # Leases are counted from before the claim, so renewals are never late.
+            # Leases are counted from before the claim, so renewals are never late. A job that
+            # ends, or a poke(), while the claim is under way is seen after it.
+            self._changed.clear()
             renew_at = time.monotonic() + lease_seconds / 2
             try:
                 jobs = await self._queue.claim(
@@ -237,8 +244,8 @@ class Worker:
         self._changed.set()
 
     async def _job_ended(self) -> None:
-        """Wait until a job's task ends (or stop() is called)."""
-        self._changed.clear()
+        """Wait until a job's task ends, poke() or stop() is called, or one of them already
+        was since the event was last cleared."""
         if not self._stopping.is_set():  # stop() may have come while we awaited a claim
             await self._changed.wait()
 
