@@ -230,7 +230,7 @@ def _run_scenarios(
         print(f"bench: installed the rendered projects {took:.1f}s", file=sys.stderr)
         for name, why in installed.items():
             if why is None and name == "http":
-                wakeup = True  # the scenario starts its own worker and pg_net
+                wakeup = True  # the scenario starts its own worker
             elif why is None:
                 try:
                     transports[name] = generated_worker.Transport(stack, name)

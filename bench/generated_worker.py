@@ -238,14 +238,12 @@ def latency(stack: Stack, transport: Transport, samples: int, rate: float) -> di
 
 def wakeup_latency(stack: Stack, samples: int, rate: float) -> dict[str, float]:
     """The python-http worker (postgres transport), woken by pg_net's POST /wake and by
-    nothing else (its idle poll is off). pg_net cannot be installed here: its stand-in
-    (tests/support/pg_net.py) sends what the enqueue trigger queued, checking its queue every
-    20 ms, so the figures are the worker's side of the path (the HTTP request, the drain, the
-    handler) plus up to 20 ms of the stand-in's polling, not pg_net's own delay (its worker
-    sleeps on a latch for up to 1 s when idle)."""
+    nothing else (its idle poll is off): the real pg_net, preloaded in the benchmark's
+    cluster, sends what the enqueue trigger queued. Under a steady stream its worker sends a
+    batch, then sleeps up to a second (only the first commit after it woke up cuts that
+    sleep short), so its cadence, not the worker, sets most of this figure."""
     from tests.support.cluster import free_port
-    from tests.support.pg_net import PgNetWorker
-    from tests.support.stack import point_wake_ups
+    from tests.support.stack import point_wake_ups, wait_for_pg_net
 
     reset(stack)
     starts = Path(tempfile.mkstemp(prefix="bench-starts-")[1])
@@ -263,20 +261,18 @@ def wakeup_latency(stack: Stack, samples: int, rate: float) -> dict[str, float]:
     worker = subprocess.Popen(
         [sys.executable, "-m", "bench_http", "worker"], cwd=REPO, env={**os.environ, **env}
     )
-    pg_net = PgNetWorker(stack.dsn())
     try:
         _wait_healthy(f"http://127.0.0.1:{port}/health", worker)
-        pg_net.start()
         with psycopg.connect(stack.dsn(), autocommit=True) as conn:
+            conn.execute("truncate net._http_response")
             point_wake_ups(conn, f"http://127.0.0.1:{port}/wake", key)
             sent, committed = _enqueue_steadily(conn, samples, rate)
-            pg_net.wait_idle()
+            wait_for_pg_net(conn, timeout=30)
             codes = conn.execute(
                 "select status_code, count(*) from net._http_response group by 1"
             ).fetchall()
             conn.execute("truncate net._http_response")
     finally:
-        pg_net.stop()
         worker.send_signal(signal.SIGTERM)
         worker.wait(60)
     if dict(codes) != {202: samples}:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -7,7 +8,6 @@ import psycopg
 import pytest
 
 from tests.support.cluster import Cluster
-from tests.support.pg_net import PgNetWorker
 from tests.support.project import push_migrations, render, snapshot_template
 from tests.support.stack import start_supabase_like_cluster
 
@@ -39,7 +39,8 @@ def project(template: Path, stack: Cluster, tmp_path_factory: pytest.TempPathFac
 
 @pytest.fixture
 def db(stack: Cluster, project: Path) -> Iterator[psycopg.Connection]:
-    """A superuser connection to a database with the default project's queue, emptied."""
+    """A superuser connection to a database with the default project's queue, emptied, and
+    pg_net's requests and responses and Vault's secrets with it."""
     with stack.connect(autocommit=True) as conn:
         conn.execute(
             "truncate pgqueue.jobs restart identity;"
@@ -48,9 +49,14 @@ def db(stack: Cluster, project: Path) -> Iterator[psycopg.Connection]:
         yield conn
 
 
-@pytest.fixture
-def pg_net(stack: Cluster) -> Iterator[PgNetWorker]:
-    """The pg_net stand-in's worker, sending committed requests over HTTP."""
-    worker = PgNetWorker(stack.dsn()).start()
-    yield worker
-    worker.stop()
+@pytest.fixture(scope="session")
+def interpreter(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv-shaped folder whose bin/python runs pytest's own interpreter (a script, not a
+    symlink, so that a virtualenv running pytest stays in effect). It has every dependency a
+    generated Python worker needs, so workers of a rendered project's src/ can run on it."""
+    root = tmp_path_factory.mktemp("interpreter")
+    python = root / "bin" / "python"
+    python.parent.mkdir()
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    return root

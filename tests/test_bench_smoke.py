@@ -26,7 +26,7 @@ SCENARIOS = {
     "worker_supabase_1proc": {"jobs_per_s"},
     "worker_supabase_4proc": {"jobs_per_s"},
     "worker_latency_supabase": {"p50_ms", "p95_ms", "p99_ms"},
-    # the python-http worker, woken through the pg_net stand-in
+    # the python-http worker, woken through the real pg_net
     "worker_latency_wakeup": {"p50_ms", "p95_ms", "p99_ms"},
 }
 

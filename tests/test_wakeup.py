@@ -1,21 +1,25 @@
-"""Wake-ups: the statement-level trigger, pg_net (stand-in) over real HTTP, GUC and Vault keys,
-and NOTIFY for listening workers."""
+"""Wake-ups: the statement-level trigger, the real pg_net posting to real HTTP servers (a
+recording sink, and a python-http worker of a rendered project), keys from the GUC and from
+real Vault secrets, and NOTIFY for listening workers."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
 
 from tests.support.cluster import Cluster
 from tests.support.http_sink import HttpSink
-from tests.support.pg_net import PgNetWorker
-from tests.support.stack import point_wake_ups
+from tests.support.project import render
+from tests.support.stack import point_wake_ups, wait_for_pg_net
+from tests.worker.helpers import Installed, Workers, enqueue, job, wait_until
 
 GUC_KEY = "guc-test-key-not-a-real-secret"
 VAULT_KEY = "vault-test-key-not-a-real-secret"
+WORKER_KEY = "worker-test-key-not-a-real-secret"
 
 
 @pytest.fixture
@@ -30,6 +34,46 @@ def vault_sink() -> Iterator[HttpSink]:
         yield server
 
 
+@pytest.fixture(scope="module")
+def http_project(template: Path, interpreter: Path, tmp_path_factory) -> Installed:
+    """A python-http project (postgres transport) rendered with the defaults; its worker runs
+    from its src/ on pytest's interpreter."""
+    path = render(
+        template,
+        tmp_path_factory.mktemp("http") / "project",
+        worker_style="python-http",
+        claim_transport="postgres",
+    )
+    return Installed("python-http", "postgres", path, interpreter, path / "src")
+
+
+@pytest.fixture
+def http_workers(
+    http_project: Installed, stack: Cluster, project: Path, tmp_path: Path
+) -> Iterator[Workers]:
+    """python-http workers against the stack, with WORKER_KEY as their service key, logging
+    everything (DEBUG), and no idle poll: only a wake-up brings one in."""
+    env = {
+        "DB_URL": stack.dsn(),
+        "SERVICE_ROLE_KEY": WORKER_KEY,
+        "WORKER_POLL_INTERVAL": "3600",
+        "LOG_LEVEL": "DEBUG",
+    }
+    workers = Workers(http_project, env, tmp_path)
+    yield workers
+    workers.kill_all()
+
+
+def email(db: psycopg.Connection) -> int:
+    return enqueue(db, "send_email", to="a@example.com", subject="Hi", text=".")
+
+
+def responses(db: psycopg.Connection) -> list[int | None]:
+    """The status of each wake-up pg_net sent, in order, once it has sent them all."""
+    wait_for_pg_net(db)
+    return [r[0] for r in db.execute("select status_code from net._http_response order by id")]
+
+
 def insert_jobs(conn: psycopg.Connection, n: int) -> None:
     conn.execute(
         "insert into pgqueue.jobs (kind, payload)"
@@ -38,16 +82,19 @@ def insert_jobs(conn: psycopg.Connection, n: int) -> None:
     )
 
 
-def requests_queued(db: psycopg.Connection) -> int:
-    return db.execute("select count(*) from net.http_request_queue").fetchone()[0]
+def requests_made(db: psycopg.Connection) -> int:
+    """Requests pg_net was asked to send, counted once it has sent them all: it stores an
+    outcome (a status, or the error) for every request it takes from its queue."""
+    wait_for_pg_net(db)
+    return db.execute("select count(*) from net._http_response").fetchone()[0]
 
 
 def test_one_insert_of_a_thousand_jobs_sends_one_request_with_the_guc_key(
-    db: psycopg.Connection, sink: HttpSink, pg_net: PgNetWorker
+    db: psycopg.Connection, sink: HttpSink
 ) -> None:
     point_wake_ups(db, sink.url, GUC_KEY)
     insert_jobs(db, 1000)
-    pg_net.wait_idle()
+    wait_for_pg_net(db)
 
     assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (1000,)
     assert len(sink.requests) == 1
@@ -61,13 +108,13 @@ def test_one_insert_of_a_thousand_jobs_sends_one_request_with_the_guc_key(
 
 
 def test_each_insert_statement_sends_its_own_wake_up(
-    db: psycopg.Connection, sink: HttpSink, pg_net: PgNetWorker
+    db: psycopg.Connection, sink: HttpSink
 ) -> None:
     point_wake_ups(db, sink.url, GUC_KEY)
     for _ in range(3):
         db.execute("select pgqueue.enqueue('k')")
     db.execute('select pgqueue.enqueue_many(\'[{"kind": "a"}, {"kind": "b", "queue": "q2"}]\')')
-    pg_net.wait_idle()
+    wait_for_pg_net(db)
     assert len(sink.requests) == 4
     assert sorted(sink.requests[-1].json()["queues"]) == ["default", "q2"]
 
@@ -77,10 +124,10 @@ def test_delayed_jobs_and_duplicate_keys_send_no_wake_up(
 ) -> None:
     point_wake_ups(db, sink.url, GUC_KEY)
     db.execute("select pgqueue.enqueue('later', run_after => now() + interval '1 hour')")
-    assert requests_queued(db) == 0
+    assert requests_made(db) == 0
     db.execute("select pgqueue.enqueue('k', idempotency_key => 'once')")
     db.execute("select pgqueue.enqueue('k', idempotency_key => 'once')")
-    assert requests_queued(db) == 1
+    assert requests_made(db) == 1
 
 
 def test_without_a_key_nothing_is_sent_and_the_insert_commits(
@@ -89,7 +136,7 @@ def test_without_a_key_nothing_is_sent_and_the_insert_commits(
     point_wake_ups(db, sink.url, None)
     insert_jobs(db, 10)
     assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (10,)
-    assert requests_queued(db) == 0
+    assert requests_made(db) == 0
 
 
 def test_without_pg_net_the_insert_still_commits(
@@ -104,7 +151,7 @@ def test_without_pg_net_the_insert_still_commits(
     finally:
         db.execute("alter schema net_uninstalled rename to net")
     assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (5,)
-    assert requests_queued(db) == 0
+    assert requests_made(db) == 0
 
 
 def test_a_failing_pg_net_call_warns_and_the_insert_still_commits(
@@ -113,19 +160,18 @@ def test_a_failing_pg_net_call_warns_and_the_insert_still_commits(
     notices: list[str] = []
     with stack.connect() as conn:
         conn.add_notice_handler(lambda d: notices.append(d.message_primary))
-        point_wake_ups(conn, "http://127.0.0.1:9/wake", GUC_KEY)
-        # make net.http_post raise inside the trigger (pg_net errors on e.g. a bad URL)
-        conn.execute("alter table net.http_request_queue add constraint refuse check (url <> url)")
+        # pg_net's http_post raises on a URL it cannot parse
+        point_wake_ups(conn, "http://127.0.0.1:notaport/wake", GUC_KEY)
         insert_jobs(conn, 3)
-        conn.execute("alter table net.http_request_queue drop constraint refuse")
         conn.commit()
     assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (3,)
-    assert any("wake-up not sent" in n and "23514" in n for n in notices), notices
+    assert any("wake-up not sent" in n and "invalid URL" in n for n in notices), notices
     assert not any(GUC_KEY in n for n in notices)
+    assert requests_made(db) == 0
 
 
 def test_a_rolled_back_enqueue_leaves_no_job_and_sends_no_request(
-    db: psycopg.Connection, stack: Cluster, sink: HttpSink, pg_net: PgNetWorker
+    db: psycopg.Connection, stack: Cluster, sink: HttpSink
 ) -> None:
     with stack.connect() as conn:
         point_wake_ups(conn, sink.url, GUC_KEY)
@@ -133,10 +179,13 @@ def test_a_rolled_back_enqueue_leaves_no_job_and_sends_no_request(
         conn.execute("insert into orders values (1)")
         conn.execute("select pgqueue.enqueue('order.placed', '{\"order\": 1}')")
         conn.rollback()
-    pg_net.wait_idle()
-    assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (0,)
-    assert requests_queued(db) == 0
-    assert sink.requests == []
+        # then one that commits: pg_net sends it, and it is the only request it ever sees
+        point_wake_ups(conn, sink.url, GUC_KEY)  # the rollback undid the settings too
+        conn.execute("select pgqueue.enqueue('after.rollback')")
+        conn.commit()
+    assert requests_made(db) == 1
+    assert db.execute("select kind from pgqueue.jobs").fetchall() == [("after.rollback",)]
+    assert len(sink.requests) == 1
 
 
 def test_listeners_are_notified_once_per_transaction_with_the_queue_name(
@@ -159,34 +208,32 @@ def create_vault_secrets(db: psycopg.Connection, url: str, key: str) -> None:
 
 
 def test_vault_secrets_alone_route_the_wake_up(
-    db: psycopg.Connection, vault_sink: HttpSink, pg_net: PgNetWorker
+    db: psycopg.Connection, vault_sink: HttpSink
 ) -> None:
     create_vault_secrets(db, vault_sink.url, VAULT_KEY)
     point_wake_ups(db, None, None)
     insert_jobs(db, 50)
-    pg_net.wait_idle()
+    wait_for_pg_net(db)
     assert len(vault_sink.requests) == 1
     assert vault_sink.requests[0].headers["Authorization"] == f"Bearer {VAULT_KEY}"
 
 
 def test_the_guc_wins_over_vault(
-    db: psycopg.Connection, sink: HttpSink, vault_sink: HttpSink, pg_net: PgNetWorker
+    db: psycopg.Connection, sink: HttpSink, vault_sink: HttpSink
 ) -> None:
     create_vault_secrets(db, vault_sink.url, VAULT_KEY)
     point_wake_ups(db, sink.url, GUC_KEY)
     insert_jobs(db, 5)
-    pg_net.wait_idle()
+    wait_for_pg_net(db)
     assert vault_sink.requests == []
     assert [r.headers["Authorization"] for r in sink.requests] == [f"Bearer {GUC_KEY}"]
 
 
-def test_a_vault_key_with_the_guc_url(
-    db: psycopg.Connection, sink: HttpSink, pg_net: PgNetWorker
-) -> None:
+def test_a_vault_key_with_the_guc_url(db: psycopg.Connection, sink: HttpSink) -> None:
     db.execute("select vault.create_secret(%s, 'pgqueue_service_key')", (VAULT_KEY,))
     point_wake_ups(db, sink.url, None)
     insert_jobs(db, 1)
-    pg_net.wait_idle()
+    wait_for_pg_net(db)
     assert [r.headers["Authorization"] for r in sink.requests] == [f"Bearer {VAULT_KEY}"]
 
 
@@ -194,7 +241,7 @@ def test_without_vault_or_guc_nothing_is_sent(db: psycopg.Connection) -> None:
     point_wake_ups(db, None, None)
     insert_jobs(db, 3)
     assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (3,)
-    assert requests_queued(db) == 0
+    assert requests_made(db) == 0
 
 
 def test_without_a_vault_schema_the_lookup_is_skipped(
@@ -209,7 +256,7 @@ def test_without_a_vault_schema_the_lookup_is_skipped(
     finally:
         db.execute("alter schema vault_uninstalled rename to vault")
     assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (2,)
-    assert requests_queued(db) == 0
+    assert requests_made(db) == 0
 
 
 @pytest.mark.parametrize("role", ["anon", "authenticated", "service_role"])
@@ -233,14 +280,14 @@ def test_no_api_role_can_read_the_secrets_through_the_queue(
 
 
 def test_the_sweeper_re_wakes_workers_while_runnable_jobs_wait(
-    db: psycopg.Connection, sink: HttpSink, pg_net: PgNetWorker
+    db: psycopg.Connection, sink: HttpSink
 ) -> None:
     db.execute("select pgqueue.enqueue('late', run_after => now() + interval '50 milliseconds')")
     point_wake_ups(db, sink.url, GUC_KEY)
     assert db.execute("select woke from pgqueue.sweep()").fetchone() == (False,)
     time.sleep(0.1)
     assert db.execute("select woke from pgqueue.sweep()").fetchone() == (True,)
-    pg_net.wait_idle()
+    wait_for_pg_net(db)
     assert [r.json()["reason"] for r in sink.requests] == ["sweep"]
 
 
@@ -248,3 +295,71 @@ def test_the_sweeper_is_scheduled_with_pg_cron(db: psycopg.Connection) -> None:
     assert db.execute(
         "select schedule, command, database, username from cron.job where jobname = 'pgqueue-sweep'"
     ).fetchone() == ("* * * * *", "select pgqueue.sweep()", "postgres", "postgres")
+
+
+def test_a_wrong_key_gets_403_and_runs_nothing_then_the_vault_key_gets_in(
+    db: psycopg.Connection, http_workers: Workers
+) -> None:
+    worker = http_workers.start()
+    point_wake_ups(db, f"{worker.url}/wake", "a-stale-key")
+    stale = email(db)
+    assert responses(db) == [403]
+    time.sleep(0.5)
+    assert (job(db, stale)["status"], job(db, stale)["attempts"]) == ("queued", 0)
+
+    # No key setting, the worker's key in Vault: the next enqueue's wake-up gets in, and the
+    # worker's drain runs the waiting job too.
+    db.execute("select vault.create_secret(%s, 'pgqueue_service_key')", (WORKER_KEY,))
+    point_wake_ups(db, f"{worker.url}/wake", None)
+    fresh = email(db)
+    wait_until(lambda: {job(db, i)["status"] for i in (stale, fresh)} == {"done"})
+    assert responses(db) == [403, 202]
+    assert worker.proc.poll() is None
+
+
+def test_no_key_reaches_a_log(
+    db: psycopg.Connection, stack: Cluster, http_workers: Workers, sink: HttpSink
+) -> None:
+    """Wake-ups that get in, are refused, cannot connect or cannot even be queued, with the
+    key from the setting and from Vault: neither PostgreSQL's log (at every level down to
+    debug1, with failing statements logged) nor the worker's (at DEBUG) shows a key. At
+    debug2 and below pg_net has curl print every request, headers and all, to the server's
+    log: see docs/security.md."""
+    log_start = stack.logfile.stat().st_size
+    db.execute("alter system set log_min_messages = 'debug1'")
+    db.execute("alter system set log_min_error_statement = 'error'")
+    db.execute("select pg_reload_conf()")
+    try:
+        worker = http_workers.start()
+        wake = f"{worker.url}/wake"
+        point_wake_ups(db, wake, WORKER_KEY)
+        done = email(db)  # 202
+        point_wake_ups(db, wake, GUC_KEY)
+        email(db)  # 403: the worker's key is another one
+        point_wake_ups(db, "http://127.0.0.1:9/wake", GUC_KEY)
+        email(db)  # nothing listens there
+        point_wake_ups(db, "http://127.0.0.1:notaport/wake", GUC_KEY)
+        email(db)  # pg_net refuses the URL: the trigger's warning
+        db.execute("select vault.create_secret(%s, 'pgqueue_service_key')", (VAULT_KEY,))
+        point_wake_ups(db, wake, None)
+        email(db)  # 403, with the Vault key
+        point_wake_ups(db, sink.url, None)
+        email(db)  # 202 from the sink, with the Vault key
+        assert responses(db) == [202, 403, None, 403, 202]
+        wait_until(lambda: job(db, done)["status"] == "done")
+    finally:
+        db.execute("alter system reset log_min_messages")
+        db.execute("alter system reset log_min_error_statement")
+        db.execute("select pg_reload_conf()")
+    with stack.logfile.open("rb") as f:
+        f.seek(log_start)
+        server_log = f.read().decode(errors="replace")
+    worker_log = worker.output()
+    # the logs are there, and say what went wrong
+    assert "wake-up not sent" in server_log and "invalid URL" in server_log
+    assert "DEBUG" in server_log
+    assert "job.done" in worker_log
+    assert sink.requests[0].headers["Authorization"] == f"Bearer {VAULT_KEY}"
+    for key in (WORKER_KEY, GUC_KEY, VAULT_KEY):
+        assert key not in server_log
+        assert key not in worker_log

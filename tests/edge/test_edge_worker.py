@@ -1,6 +1,6 @@
-"""End to end: jobs INSERTed into the queue wake the Edge Function through the pg_net
-stand-in; the function (its own index.ts under `deno run`) claims them with supabase-js
-through the PostgREST stand-in, runs the handlers and completes or fails each job."""
+"""End to end: jobs INSERTed into the queue wake the Edge Function through pg_net; the
+function (its own index.ts under `deno run`) claims them with supabase-js through the
+PostgREST stand-in, runs the handlers and completes or fails each job."""
 
 from __future__ import annotations
 
@@ -15,9 +15,8 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from tests.support.http_sink import HttpSink
-from tests.support.pg_net import PgNetWorker
 from tests.support.postgrest import PostgRESTStandIn
-from tests.support.stack import point_wake_ups
+from tests.support.stack import point_wake_ups, wait_for_pg_net
 
 from .deno_worker import Deno, EdgeWorker, SlowReceiver, start_edge_worker, stop_edge_worker
 
@@ -70,7 +69,7 @@ def receiver() -> Iterator[HttpSink]:
 
 
 def test_inserted_jobs_wake_the_function_and_all_end_done(
-    db: psycopg.Connection, pg_net: PgNetWorker, edge_worker: EdgeWorker, receiver: HttpSink
+    db: psycopg.Connection, edge_worker: EdgeWorker, receiver: HttpSink
 ) -> None:
     point_wakeups_at(db, edge_worker)
     emails = [
@@ -89,7 +88,7 @@ def test_inserted_jobs_wake_the_function_and_all_end_done(
     assert all(attempts == 1 and error is None for _, _, _, attempts, error, _ in jobs)
     assert all(locked_by.startswith("job-worker:") for *_, locked_by in jobs)
     # One statement, one wake-up, answered at once with 202.
-    pg_net.wait_idle()
+    wait_for_pg_net(db)
     assert wake_responses(db) == [202]
     # The webhooks really went out, each with the job's idempotency key.
     assert sorted(r.json()["order"] for r in receiver.requests) == list(range(5))
@@ -101,7 +100,7 @@ def test_inserted_jobs_wake_the_function_and_all_end_done(
 
 
 def test_a_throwing_handler_is_retried_then_dead_lettered(
-    db: psycopg.Connection, pg_net: PgNetWorker, edge_worker: EdgeWorker
+    db: psycopg.Connection, edge_worker: EdgeWorker
 ) -> None:
     point_wakeups_at(db, edge_worker)
     with HttpSink(status=500) as broken:
@@ -145,7 +144,7 @@ def test_a_throwing_handler_is_retried_then_dead_lettered(
 
 
 def test_a_wrong_bearer_gets_403_and_claims_nothing(
-    db: psycopg.Connection, pg_net: PgNetWorker, edge_worker: EdgeWorker
+    db: psycopg.Connection, edge_worker: EdgeWorker
 ) -> None:
     for headers in (
         {"Authorization": "Bearer not-the-service-key"},
@@ -159,7 +158,7 @@ def test_a_wrong_bearer_gets_403_and_claims_nothing(
     # The database's wake-up with the wrong key gets the same answer, and the job waits.
     point_wakeups_at(db, edge_worker, key="a-stale-key")
     insert_jobs(db, {"kind": "send_email", "payload": {"to": "a@b.co", "subject": "x", "text": ""}})
-    pg_net.wait_idle()
+    wait_for_pg_net(db)
     assert wake_responses(db) == [403]
     time.sleep(0.5)
     assert db.execute("select status, attempts from pgqueue.jobs").fetchall() == [("queued", 0)]
@@ -172,7 +171,6 @@ def test_a_wrong_bearer_gets_403_and_claims_nothing(
 
 def test_the_function_stops_claiming_when_its_time_budget_runs_out(
     db: psycopg.Connection,
-    pg_net: PgNetWorker,
     deno: Deno,
     function_dir: Path,
     postgrest: PostgRESTStandIn,

@@ -9,7 +9,6 @@ installs and passes its own checks in a venv of its own.
 from __future__ import annotations
 
 import shutil
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -31,18 +30,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(item.path).parents:
             item.add_marker(pytest.mark.reliability)
-
-
-@pytest.fixture(scope="session")
-def interpreter(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A venv-shaped folder whose bin/python runs pytest's own interpreter (a script, not a
-    symlink, so that a virtualenv running pytest stays in effect)."""
-    root = tmp_path_factory.mktemp("interpreter")
-    python = root / "bin" / "python"
-    python.parent.mkdir()
-    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
-    python.chmod(0o755)
-    return root
 
 
 @pytest.fixture(scope="session")

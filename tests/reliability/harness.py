@@ -1,5 +1,6 @@
 """What the reliability tests share: the job kinds they run, the sweeper pg_cron would be,
-bulk enqueues, the wait for a drained queue, and the audit every fault run ends with.
+bulk and streamed enqueues, a door in front of a worker's URL, the wait for a drained
+queue, and the audit every fault run ends with.
 
 Every handler execution is logged by the handler itself (one JSON line per event, appended
 with a single write to a file per worker process, so a `kill -9` loses nothing it wrote),
@@ -8,18 +9,23 @@ and the audit compares those logs with the jobs table.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
+import socket
+import statistics
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
+
+from tests.support.cluster import free_port
 
 # Added to a copy of each rendered project as handlers/reliability.py, the way a user adds a
 # handler module. Each kind logs "start", then "raise" or "ok", for every execution.
@@ -197,6 +203,154 @@ def enqueue_plan(db: psycopg.Connection, plan: Plan, chunk: int = 5000) -> list[
     return ids
 
 
+def stream(
+    db: psycopg.Connection,
+    plan: Plan,
+    rate: float,
+    at: dict[int, Callable[[], object]] | None = None,
+) -> list[int]:
+    """Enqueue the plan one job per statement (one wake-up each), `rate` jobs a second;
+    `at[i]()` runs just before the i-th job."""
+    ids: list[int] = []
+    started = time.monotonic()
+    for i, (kind, payload, attempts) in enumerate(plan.jobs):
+        if at and i in at:
+            at[i]()
+        delay = started + i / rate - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        row = db.execute(
+            "select pgqueue.enqueue(%s, %s, max_attempts => %s)", (kind, Jsonb(payload), attempts)
+        ).fetchone()
+        assert row is not None
+        ids.append(row[0])
+    return ids
+
+
+def start_delays(db: psycopg.Connection, ids: list[int], audit_dir: Path) -> dict[str, float]:
+    """Seconds from each job's enqueue to its handler's first start: p50, p95 and max."""
+    created = dict(
+        db.execute(
+            "select id, extract(epoch from created_at)::float8 from pgqueue.jobs"
+            " where id = any(%s)",
+            (ids,),
+        ).fetchall()
+    )
+    runs = executions(audit_dir)
+    delays = sorted(
+        min(e.t for e in runs[i] if e.event == "start") - created[i]
+        for i in ids
+        if any(e.event == "start" for e in runs.get(i, []))
+    )
+    if len(delays) < 2:
+        return {}
+    return {
+        "p50": statistics.median(delays),
+        "p95": statistics.quantiles(delays, n=20)[-1],
+        "max": delays[-1],
+    }
+
+
+class Door:
+    """A TCP front for a worker on a port of its own. Open, it passes connections through;
+    shut, the port refuses them (as a worker URL that is down does); slow, it takes each
+    connection and the request on it, answers nothing, and closes it after `hold` seconds
+    (as an endpoint slower than the caller's timeout does)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = free_port()
+        self.hold: float | None = None
+        self._listener: socket.socket | None = None
+        self._conns: list[socket.socket] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/wake"
+
+    def open(self) -> None:
+        self.hold = None
+        if self._listener is not None:
+            return
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def slow(self, hold: float) -> None:
+        self.open()
+        self.hold = hold
+        self._close_connections()  # pg_net keeps connections alive: no request may slip by
+
+    def shut(self) -> None:
+        if self._listener is not None:
+            # shutdown() first: close() alone does not wake a thread blocked in accept()
+            with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)
+            self._listener.close()
+            self._listener = None
+        self._close_connections()
+
+    def _close_connections(self) -> None:
+        for conn in self._conns:
+            with contextlib.suppress(OSError):
+                conn.close()
+        self._conns.clear()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            self._conns.append(client)
+            if self.hold is not None:
+                threading.Thread(target=self._stall, args=(client, self.hold), daemon=True).start()
+                continue
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            self._conns.append(upstream)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _stall(client: socket.socket, hold: float) -> None:
+        deadline = time.monotonic() + hold
+        client.settimeout(0.1)
+        while time.monotonic() < deadline:
+            try:
+                if not client.recv(65536):  # the caller gave up and closed
+                    break
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+        with contextlib.suppress(OSError):
+            client.close()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+
+def wake_up_outcomes(db: psycopg.Connection) -> dict[str, int]:
+    """What became of the wake-ups pg_net took from its queue, from net._http_response."""
+    row = db.execute(
+        "select count(*) filter (where status_code = 202),"
+        " count(*) filter (where status_code is not null and status_code <> 202),"
+        " count(*) filter (where timed_out),"
+        " count(*) filter (where status_code is null and not timed_out)"
+        " from net._http_response"
+    ).fetchone()
+    assert row is not None
+    return dict(zip(("accepted", "refused", "timed_out", "failed"), row, strict=True))
+
+
 class Sweeper:
     """What pg_cron does, but every `interval` seconds instead of every minute: sweep()
     rescues expired leases and re-wakes workers. With `fast_backoff`, jobs waiting out a
@@ -217,6 +371,7 @@ class Sweeper:
         self.sweeps = 0
         self.rescued = 0
         self.dead_lettered = 0
+        self.woke = 0  # sweeps that re-woke workers (a NOTIFY and a pg_net request)
         self.errors = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sweeper", daemon=True)
@@ -252,11 +407,12 @@ class Sweeper:
                 "update pgqueue.jobs set run_after = now()"
                 " where status = 'queued' and run_after > now()"
             )
-        row = conn.execute("select rescued, dead_lettered from pgqueue.sweep()").fetchone()
+        row = conn.execute("select rescued, dead_lettered, woke from pgqueue.sweep()").fetchone()
         assert row is not None
         self.sweeps += 1
         self.rescued += row[0]
         self.dead_lettered += row[1]
+        self.woke += row[2]
 
 
 def unfinished(db: psycopg.Connection) -> int:

@@ -1,4 +1,5 @@
-"""A throwaway PostgreSQL 15 cluster for tests, with pg_cron preloaded.
+"""A throwaway PostgreSQL 15 cluster for tests, with pg_cron, pg_net and Supabase Vault
+preloaded (pg_net and Vault are built from source by scripts/setup).
 
 initdb and pg_ctl refuse to run as root, and CI runs as root, so when we are root every
 server command runs as the `postgres` user and the cluster lives in a directory that user
@@ -9,6 +10,7 @@ which is why this small class exists instead.)
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import socket
@@ -22,6 +24,10 @@ import psycopg
 
 PG_BIN = Path(os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin"))
 
+# Vault's root key, which the server reads at start from `vault.getkey_script`: a fixed
+# throwaway key (64 hex characters), good for test clusters only.
+VAULT_ROOT_KEY = hashlib.sha256(b"pgqueue-template test clusters only").hexdigest()
+
 # Test clusters trade durability for speed; benchmarks pass their own settings.
 FAST_SETTINGS = {
     "fsync": "off",
@@ -31,8 +37,10 @@ FAST_SETTINGS = {
 BASE_SETTINGS = {
     "listen_addresses": "'127.0.0.1'",
     "max_connections": "200",
-    "shared_preload_libraries": "'pg_cron'",
+    "shared_preload_libraries": "'pg_cron,pg_net,supabase_vault'",
     "cron.database_name": "'postgres'",
+    # pg_net's one background worker sends the requests queued in this database only
+    "pg_net.database_name": "'postgres'",
     "log_min_messages": "warning",
     "log_min_error_statement": "panic",
 }
@@ -92,9 +100,19 @@ class Cluster:
         )
         conf = {**BASE_SETTINGS, **self.settings, "port": str(self.port)}
         conf["unix_socket_directories"] = f"'{self.root}'"
+        conf["vault.getkey_script"] = f"'{self._write_getkey_script()}'"
         with (self.datadir / "postgresql.auto.conf").open("a") as f:
             f.writelines(f"{k} = {v}\n" for k, v in conf.items())
         return self
+
+    def _write_getkey_script(self) -> Path:
+        """An executable that prints Vault's root key, readable by the server's user only."""
+        script = self.root / "vault-getkey"
+        script.write_text(f"#!/bin/sh\necho {VAULT_ROOT_KEY}\n")
+        script.chmod(0o700)
+        if os.geteuid() == 0:
+            shutil.chown(script, "postgres", "postgres")
+        return script
 
     def start(self) -> Cluster:
         self._run(

@@ -1,12 +1,13 @@
 """The test stack: a real PostgreSQL 15 cluster shaped like a Supabase database.
 
-Real: PostgreSQL, pg_cron (preloaded), pgTAP, plpgsql_check. Stand-ins (this folder only,
-never in a generated project): pg_net and its worker, Supabase Vault, and the Supabase
+Real: PostgreSQL, pg_cron, pg_net and Supabase Vault (all three preloaded), pgTAP,
+plpgsql_check. Stand-in (this folder only, never in a generated project): the Supabase
 baseline roles and schemas.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import psycopg
@@ -19,7 +20,7 @@ SQL = Path(__file__).parent / "sql"
 def start_supabase_like_cluster(**settings: str) -> Cluster:
     cluster = Cluster(**({"settings": settings} if settings else {})).init().start()
     with cluster.connect(autocommit=True) as conn:
-        for name in ("supabase_baseline.sql", "pg_net.sql", "vault.sql"):
+        for name in ("supabase_baseline.sql", "extensions.sql"):
             conn.execute((SQL / name).read_text())
     return cluster
 
@@ -38,3 +39,18 @@ def wake_up_settings(url: str | None, key: str | None) -> list[tuple[str, tuple[
         ("select set_config('app.pgqueue_worker_url', %s, false)", (url or "",)),
         ("select set_config('app.service_role_key', %s, false)", (key or "",)),
     ]
+
+
+def wait_for_pg_net(conn: psycopg.Connection, timeout: float = 10) -> None:
+    """Until pg_net has sent every committed request and stored each outcome. Its worker
+    deletes a batch from net.http_request_queue and inserts the responses into
+    net._http_response in one transaction, so an empty queue means every response is in."""
+    deadline = time.monotonic() + timeout
+    while True:
+        row = conn.execute("select count(*) from net.http_request_queue").fetchone()
+        if row is not None and row[0] == 0:
+            return
+        if time.monotonic() > deadline:
+            left = row[0] if row else "?"
+            raise TimeoutError(f"pg_net still had {left} requests queued after {timeout}s")
+        time.sleep(0.02)

@@ -1,5 +1,5 @@
 """Worker processes of each Python variant against the stack: jobs enqueued in SQL, wake-ups
-through pg_net's stand-in (HTTP) or NOTIFY (postgres), failures, crashes and shutdowns."""
+through pg_net (HTTP) or NOTIFY (postgres), failures, crashes and shutdowns."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import httpx
 import psycopg
 import pytest
 
-from tests.support.pg_net import PgNetWorker
 from tests.support.postgrest import make_jwt
+from tests.support.stack import wait_for_pg_net
 
 from .helpers import (
     OTHER_KIND,
@@ -47,7 +47,6 @@ def test_job_enqueued_with_a_domain_row_runs_once(
     installed: Installed,
     workers: Workers,
     db: psycopg.Connection,
-    pg_net: PgNetWorker,
     service_role_key: str,
     tmp_path: Path,
 ) -> None:
@@ -66,7 +65,7 @@ def test_job_enqueued_with_a_domain_row_runs_once(
     time.sleep(0.5)
     assert runs(log, job_id) == [(1, "start"), (1, "end")]
     if installed.http:
-        pg_net.wait_idle()
+        wait_for_pg_net(db)
         codes = [r[0] for r in db.execute("select status_code from net._http_response")]
         assert codes == [202]
     assert worker.proc.poll() is None
@@ -139,7 +138,6 @@ def test_worker_reconnects_after_losing_its_connections(
     installed: Installed,
     workers: Workers,
     db: psycopg.Connection,
-    pg_net: PgNetWorker,
     service_role_key: str,
     tmp_path: Path,
 ) -> None:
@@ -162,7 +160,6 @@ def test_failures_are_retried_dead_lettered_and_the_worker_goes_on(
     installed: Installed,
     workers: Workers,
     db: psycopg.Connection,
-    pg_net: PgNetWorker,
     service_role_key: str,
     tmp_path: Path,
 ) -> None:
@@ -201,7 +198,6 @@ def test_jobs_of_a_killed_worker_complete_on_another_after_the_sweep(
     installed: Installed,
     workers: Workers,
     db: psycopg.Connection,
-    pg_net: PgNetWorker,
     service_role_key: str,
     tmp_path: Path,
 ) -> None:
@@ -209,7 +205,11 @@ def test_jobs_of_a_killed_worker_complete_on_another_after_the_sweep(
     if installed.http:
         wake_to(db, first, service_role_key)
     log = tmp_path / "runs.jsonl"
-    ids = [enqueue(db, log=str(log), sleep=60, sleep_first_attempt_only=True) for _ in range(3)]
+    # One commit: the first worker gets them all in its first claim. (Enqueued one by one,
+    # the python-http worker would take the first and then wait for it, 60 s, before it
+    # looks again: wake-ups that come while it drains are kept for after.)
+    with db.transaction():
+        ids = [enqueue(db, log=str(log), sleep=60, sleep_first_attempt_only=True) for _ in range(3)]
     wait_until(lambda: all(runs(log, i) for i in ids), what="all jobs to start")
     second = workers.start(WORKER_LEASE_SECONDS=1)
     first.proc.kill()  # SIGKILL: no chance to release anything
@@ -230,7 +230,6 @@ def test_sigterm_lets_running_jobs_finish_and_exits_0(
     installed: Installed,
     workers: Workers,
     db: psycopg.Connection,
-    pg_net: PgNetWorker,
     service_role_key: str,
     tmp_path: Path,
 ) -> None:
@@ -251,7 +250,6 @@ def test_sigterm_releases_jobs_that_outlast_the_grace_period(
     installed: Installed,
     workers: Workers,
     db: psycopg.Connection,
-    pg_net: PgNetWorker,
     service_role_key: str,
     tmp_path: Path,
 ) -> None:
@@ -308,7 +306,6 @@ def test_heartbeats_keep_a_long_job_leased(
     installed: Installed,
     workers: Workers,
     db: psycopg.Connection,
-    pg_net: PgNetWorker,
     service_role_key: str,
     tmp_path: Path,
 ) -> None:
@@ -327,7 +324,6 @@ def test_a_payload_too_deep_to_decode_fails_its_own_job_only(
     installed: Installed,
     workers: Workers,
     db: psycopg.Connection,
-    pg_net: PgNetWorker,
     service_role_key: str,
     tmp_path: Path,
 ) -> None:
