@@ -52,11 +52,12 @@ def http_workers(
     http_project: Installed, stack: Cluster, project: Path, tmp_path: Path
 ) -> Iterator[Workers]:
     """python-http workers against the stack, with WORKER_KEY as their service key, logging
-    everything (DEBUG), and no idle poll: only a wake-up brings one in."""
+    everything (DEBUG), with no idle poll and no linger: only a wake-up brings one in."""
     env = {
         "DB_URL": stack.dsn(),
         "SERVICE_ROLE_KEY": WORKER_KEY,
         "WORKER_POLL_INTERVAL": "3600",
+        "WORKER_LINGER_SECONDS": "0",
         "LOG_LEVEL": "DEBUG",
     }
     workers = Workers(http_project, env, tmp_path)

@@ -279,7 +279,8 @@ def test_wake_endpoint_refuses_a_missing_or_wrong_bearer(
     service_role_key: str,
     tmp_path: Path,
 ) -> None:
-    worker = workers.start(WORKER_POLL_INTERVAL=3600)  # no idle poll during the test
+    # no idle poll and no linger during the test: only a wake-up can bring the worker in
+    worker = workers.start(WORKER_POLL_INTERVAL=3600, WORKER_LINGER_SECONDS=0)
     log = tmp_path / "runs.jsonl"
     job_id = enqueue(db, log=str(log))  # no wake-up configured: only our POSTs can wake it
     refused = [
