@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from . import generated_worker, queue_sql, report, sql_variants
+from . import generated_worker, queue_sql, report, sql_variants, wakeups
 from . import stack as stack_module
 from .stack import REPO, Stack
 
@@ -32,10 +32,16 @@ class Sizes:
     procrastinate_jobs: int
     latency_samples: int
     latency_rate: float
+    # the wake-up scenarios: samples at 50/s and at 200/s, isolated jobs and their spacing (s)
+    wakeup_50_samples: int
+    wakeup_200_samples: int
+    isolated_samples: int
+    isolated_every: float
 
 
-FULL = Sizes(20_000, 100_000, 1_000_000, 5_000, 20_000, 1_000, 500, 100.0)
-SMOKE = Sizes(300, 1_000, 2_000, 100, 300, 30, 20, 100.0)
+FULL = Sizes(20_000, 100_000, 1_000_000, 5_000, 20_000, 1_000, 500, 100.0, 250, 600, 15, 2.0)
+# (isolated jobs closer together than in a real run: the smoke run only checks that it works)
+SMOKE = Sizes(300, 1_000, 2_000, 100, 300, 30, 20, 100.0, 10, 20, 2, 0.5)
 TRANSPORTS = ("postgres", "supabase")
 
 
@@ -53,10 +59,9 @@ def _peer(name: str, stack: Stack, jobs: int) -> Figures:
 
 
 def worker_scenarios(
-    sizes: Sizes, transports: dict[str, generated_worker.Transport], wakeup: bool
+    sizes: Sizes, transports: dict[str, generated_worker.Transport]
 ) -> dict[str, Callable[[Stack], Figures]]:
-    """The generated worker's scenarios, for each transport that could be set up, and the
-    wake-up path's when the python-http project (`http`) could be installed."""
+    """The generated worker's scenarios, for each transport that could be set up."""
     out: dict[str, Callable[[Stack], Figures]] = {}
     for name, transport in transports.items():
         jobs = sizes.jobs if name == "postgres" else sizes.supabase_jobs
@@ -67,10 +72,34 @@ def worker_scenarios(
         out[f"worker_latency_{name}"] = lambda s, t=transport: generated_worker.latency(
             s, t, sizes.latency_samples, sizes.latency_rate
         )
-    if wakeup:
-        out["worker_latency_wakeup"] = lambda s: generated_worker.wakeup_latency(
-            s, sizes.latency_samples, sizes.latency_rate
+    return out
+
+
+def wakeup_scenarios(
+    sizes: Sizes,
+    ready: set[str],
+    standin: generated_worker.StandIn | None,
+    linger: float | None,
+) -> dict[str, Callable[[Stack], Figures]]:
+    """The pg_net wake-up scenarios whose worker could be set up (`ready`); those through
+    the Data API need the PostgREST stand-in."""
+    runs = wakeups.shapes(
+        sizes.wakeup_50_samples,
+        sizes.wakeup_200_samples,
+        sizes.isolated_samples,
+        sizes.isolated_every,
+    )
+    out: dict[str, Callable[[Stack], Figures]] = {}
+    if "wakeup_http_postgres" in ready:
+        out["wakeup_http_postgres"] = lambda s: wakeups.python_http(
+            s, "wakeup_http_postgres", runs, None, linger
         )
+    if standin is not None and "wakeup_http_supabase" in ready:
+        out["wakeup_http_supabase"] = lambda s: wakeups.python_http(
+            s, "wakeup_http_supabase", runs, standin, linger
+        )
+    if standin is not None and "wakeup_edge" in ready:
+        out["wakeup_edge"] = lambda s: wakeups.edge(s, runs, standin, linger)
     return out
 
 
@@ -95,7 +124,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Benchmark the generated queue against pgqueuer and procrastinate on a "
         "local cluster with durable commits. Prints a table, writes JSON.",
         epilog="scenarios: "
-        + ", ".join([*scenarios(FULL), *worker_scenarios(FULL, dict.fromkeys(TRANSPORTS), True)])
+        + ", ".join(_known(FULL))
         + ", finished_rows. Method and latest figures: docs/performance.md",
     )
     parser.add_argument("--repeats", type=int, default=3, help="runs of each scenario")
@@ -127,6 +156,14 @@ def _parser() -> argparse.ArgumentParser:
         "their reports next to the JSON",
     )
     parser.add_argument(
+        "--linger",
+        type=float,
+        metavar="SECONDS",
+        help="what-if for the wakeup_* scenarios: the workers' linger window (python-http: "
+        "WORKER_LINGER_SECONDS, edge: PGQUEUE_LINGER_MS; 0 turns it off) instead of their "
+        "defaults",
+    )
+    parser.add_argument(
         "--out", type=Path, help="JSON file (default: bench/results/<UTC timestamp>.json)"
     )
     return parser
@@ -141,8 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes = dataclasses.replace(sizes, finished=args.finished)
     started = datetime.now(UTC)
     out = args.out or REPO / "bench" / "results" / f"{started:%Y%m%dT%H%M%SZ}.json"
-    known = [*scenarios(sizes), *worker_scenarios(sizes, dict.fromkeys(TRANSPORTS), True)]
-    known.append("finished_rows")
+    known = _known(sizes)
     wanted = [] if args.sql_variants else args.only or known
     unknown = set(wanted) - set(known)
     if unknown:
@@ -164,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             "sizes": sizes.__dict__,
             "repeats": args.repeats,
             "patches": args.patch,
+            "linger_s": args.linger,
         }
         for name in args.patch:
             sql_variants.PATCHES[name](stack)
@@ -175,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             plans.write_text(sql_variants.explain(stack))
             print(f"bench: wrote {plans}", file=sys.stderr)
         else:
-            raw = _run_scenarios(stack, sizes, wanted, args.repeats, document)
+            raw = _run_scenarios(stack, sizes, wanted, args.repeats, document, args.linger)
             if args.profile:
                 jobs = {"postgres": sizes.jobs, "supabase": sizes.supabase_jobs}
                 for name, count in jobs.items():
@@ -187,10 +224,19 @@ def main(argv: list[str] | None = None) -> int:
     document["loadavg_at_end"] = os.getloadavg()
     document["elapsed_s"] = round((datetime.now(UTC) - started).total_seconds(), 1)
     document["scenarios"] = report.summarize(raw)
+    document["targets"] = wakeups.targets(document["scenarios"])
     print(report.table(document["scenarios"]))
+    if document["targets"]:
+        print(wakeups.targets_table(document["targets"]))
     report.write_json(out, document)
     print(f"bench: wrote {out}", file=sys.stderr)
     return 0
+
+
+def _known(sizes: Sizes) -> list[str]:
+    """Every scenario's name, in the order they run within a repeat."""
+    workers = worker_scenarios(sizes, dict.fromkeys(TRANSPORTS))
+    return [*scenarios(sizes), *workers, *wakeups.PROJECTS, "finished_rows"]
 
 
 def _profile_worker(stack: Stack, name: str, jobs: int, profile: Path) -> None:
@@ -207,13 +253,18 @@ def _profile_worker(stack: Stack, name: str, jobs: int, profile: Path) -> None:
 
 
 def _run_scenarios(
-    stack: Stack, sizes: Sizes, wanted: list[str], repeats: int, document: dict
+    stack: Stack,
+    sizes: Sizes,
+    wanted: list[str],
+    repeats: int,
+    document: dict,
+    linger: float | None = None,
 ) -> dict[str, dict[str, list[float]]]:
     raw: dict[str, dict[str, list[float]]] = {}
     load: dict[str, list[float]] = {}
     skipped: dict[str, str] = {}
     transports: dict[str, generated_worker.Transport] = {}
-    wakeup = False  # the python-http project (`http`) is installed
+    standin: generated_worker.StandIn | None = None
     document["skipped"] = skipped
     document["load_1min_at_each_run"] = load
     needed = [
@@ -221,25 +272,37 @@ def _run_scenarios(
         for name in TRANSPORTS
         if any(w.startswith("worker_") and name in w.split("_") for w in wanted)
     ]
-    if "worker_latency_wakeup" in wanted:
-        needed.append("http")
+    woken = [name for name in wakeups.PROJECTS if name in wanted]
+    # the python-http projects of the wake-up scenarios are installed with the others
+    python_http = {wakeups.PROJECTS[name]: name for name in woken if name != "wakeup_edge"}
+    projects = [*needed, *python_http]
     try:
         began = time.monotonic()
-        installed = generated_worker.install({name: stack.projects[name] for name in needed})
+        installed = generated_worker.install({name: stack.projects[name] for name in projects})
+        if "wakeup_edge" in woken:
+            installed["edge"] = wakeups.install_edge(stack.projects["edge"])
         took = time.monotonic() - began
         print(f"bench: installed the rendered projects {took:.1f}s", file=sys.stderr)
+        ready: set[str] = set()
         for name, why in installed.items():
-            if why is None and name == "http":
-                wakeup = True  # the scenario starts its own worker
+            scenario = python_http.get(name) or ("wakeup_edge" if name == "edge" else None)
+            if why is None and scenario:
+                ready.add(scenario)  # the scenario starts its own worker
             elif why is None:
                 try:
                     transports[name] = generated_worker.Transport(stack, name)
                 except Exception as exc:
                     why = f"cannot start the {name} transport: {exc!r}"
             if why:
-                skipped[f"worker_{name}"] = why
+                skipped[scenario or f"worker_{name}"] = why
                 print(f"bench: skipping the {name} worker: {why}", file=sys.stderr)
-        repeated = scenarios(sizes) | worker_scenarios(sizes, transports, wakeup)
+        if ready & {"wakeup_http_supabase", "wakeup_edge"}:
+            standin = generated_worker.StandIn(stack)
+        repeated = (
+            scenarios(sizes)
+            | worker_scenarios(sizes, transports)
+            | wakeup_scenarios(sizes, ready, standin, linger)
+        )
         for repeat in range(repeats):
             for name, run in repeated.items():
                 if name not in wanted:
@@ -259,7 +322,9 @@ def _run_scenarios(
     finally:
         for transport in transports.values():
             transport.close()
-        if needed:
+        if standin is not None:
+            standin.close()
+        if projects:
             generated_worker.uninstall(stack.projects)
     return raw
 

@@ -15,8 +15,6 @@ import importlib
 import importlib.util
 import json
 import os
-import secrets
-import signal
 import subprocess
 import sys
 import tempfile
@@ -24,7 +22,6 @@ import time
 from pathlib import Path
 from types import ModuleType
 
-import httpx
 import psycopg
 
 from .queue_sql import percentile, reset
@@ -109,6 +106,43 @@ def uninstall(projects: dict[str, Path]) -> None:
     )
 
 
+class StandIn:
+    """The PostgREST stand-in over the benchmark's cluster, in a process of its own (so it
+    does not share a GIL with the benchmark); it stops when its stdin closes (so, with the
+    benchmark). `url` and `key` (a service_role JWT) are what a worker is given."""
+
+    def __init__(self, stack: Stack) -> None:
+        code = (
+            "import sys\n"
+            "from tests.support.postgrest import PostgRESTStandIn, make_jwt\n"
+            f"s = PostgRESTStandIn({stack.dsn()!r}, schemas=({SCHEMA!r},), pool_size=8)\n"
+            "s.start()\n"
+            "print(s.url, make_jwt('service_role'), flush=True)\n"
+            "sys.stdin.read()\n"
+            "s.stop()\n"
+        )
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", code],
+            cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        started = self._process.stdout.readline().split()
+        if len(started) != 2:
+            self.close()
+            raise RuntimeError("the PostgREST stand-in did not start (see stderr above)")
+        self.url, self.key = started
+
+    def close(self) -> None:
+        self._process.stdin.close()
+        try:
+            self._process.wait(15)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+
+
 class Transport:
     """Where the generated worker finds the queue: the environment it is started with."""
 
@@ -116,44 +150,17 @@ class Transport:
         self.name = name
         self.package = f"bench_{name}"
         self.env = {"LOG_LEVEL": "WARNING", "WORKER_POLL_INTERVAL": "1"}
-        self._standin: subprocess.Popen[str] | None = None
+        self._standin: StandIn | None = None
         if name == "postgres":
             self.env["DATABASE_URL"] = stack.dsn()
         else:
-            # The PostgREST stand-in runs in a process of its own, so it does not share a
-            # GIL with the benchmark; it stops when its stdin closes (so, with the benchmark).
-            code = (
-                "import sys\n"
-                "from tests.support.postgrest import PostgRESTStandIn, make_jwt\n"
-                f"s = PostgRESTStandIn({stack.dsn()!r}, schemas=({SCHEMA!r},), pool_size=8)\n"
-                "s.start()\n"
-                "print(s.url, make_jwt('service_role'), flush=True)\n"
-                "sys.stdin.read()\n"
-                "s.stop()\n"
-            )
-            self._standin = subprocess.Popen(
-                [sys.executable, "-c", code],
-                cwd=REPO,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            started = self._standin.stdout.readline().split()
-            if len(started) != 2:
-                self.close()
-                raise RuntimeError("the PostgREST stand-in did not start (see stderr above)")
-            url, key = started
-            self.env["SUPABASE_URL"] = url
-            self.env["SERVICE_ROLE_KEY"] = key
+            self._standin = StandIn(stack)
+            self.env["SUPABASE_URL"] = self._standin.url
+            self.env["SERVICE_ROLE_KEY"] = self._standin.key
 
     def close(self) -> None:
         if self._standin is not None:
-            self._standin.stdin.close()
-            try:
-                self._standin.wait(15)
-            except subprocess.TimeoutExpired:
-                self._standin.kill()
-                self._standin.wait()
+            self._standin.close()
 
 
 def _spawn(
@@ -229,76 +236,19 @@ def latency(stack: Stack, transport: Transport, samples: int, rate: float) -> di
         worker.stdin.flush()
         with psycopg.connect(stack.dsn(), autocommit=True) as conn:
             time.sleep(0.5)  # the worker is idle and waiting
-            sent, committed = _enqueue_steadily(conn, samples, rate)
+            sent, committed = enqueue_steadily(conn, samples, rate)
     finally:
         worker.stdin.close()  # stop
         worker.wait(60)
-    return _latencies(starts, sent, committed)
+    return latency_figures(read_starts(starts), sent, committed)
 
 
-def wakeup_latency(stack: Stack, samples: int, rate: float) -> dict[str, float]:
-    """The python-http worker (postgres transport), woken by pg_net's POST /wake and by
-    nothing else (its idle poll is off): the real pg_net, preloaded in the benchmark's
-    cluster, sends what the enqueue trigger queued. Under a steady stream its worker sends a
-    batch, then sleeps up to a second (only the first commit after it woke up cuts that
-    sleep short), so its cadence, not the worker, sets most of this figure."""
-    from tests.support.cluster import free_port
-    from tests.support.stack import point_wake_ups, wait_for_pg_net
-
-    reset(stack)
-    starts = Path(tempfile.mkstemp(prefix="bench-starts-")[1])
-    key = secrets.token_urlsafe(32)
-    port = free_port()
-    env = {
-        "DATABASE_URL": stack.dsn(),
-        "SERVICE_ROLE_KEY": key,
-        "HOST": "127.0.0.1",
-        "PORT": str(port),
-        "LOG_LEVEL": "WARNING",
-        "WORKER_POLL_INTERVAL": "3600",
-        "BENCH_HANDLER_STARTS": str(starts),
-    }
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "bench_http", "worker"], cwd=REPO, env={**os.environ, **env}
-    )
-    try:
-        _wait_healthy(f"http://127.0.0.1:{port}/health", worker)
-        with psycopg.connect(stack.dsn(), autocommit=True) as conn:
-            conn.execute("truncate net._http_response")
-            point_wake_ups(conn, f"http://127.0.0.1:{port}/wake", key)
-            sent, committed = _enqueue_steadily(conn, samples, rate)
-            wait_for_pg_net(conn, timeout=30)
-            codes = conn.execute(
-                "select status_code, count(*) from net._http_response group by 1"
-            ).fetchall()
-            conn.execute("truncate net._http_response")
-    finally:
-        worker.send_signal(signal.SIGTERM)
-        worker.wait(60)
-    if dict(codes) != {202: samples}:
-        raise RuntimeError(f"wake-ups answered {dict(codes)}, expected {samples} x 202")
-    return _latencies(starts, sent, committed)
-
-
-def _wait_healthy(url: str, worker: subprocess.Popen[bytes], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if worker.poll() is not None:
-            raise RuntimeError(f"the python-http worker exited {worker.returncode}")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"the python-http worker did not answer {url} in {timeout}s")
-
-
-def _enqueue_steadily(
+def enqueue_steadily(
     conn: psycopg.Connection, samples: int, rate: float
 ) -> tuple[dict[int, float], dict[int, float]]:
-    """Enqueue `samples` no-op jobs one at a time at `rate` jobs/s, then wait until they are
-    done. Returns, per job, when its enqueue call started and when its commit returned."""
+    """Enqueue `samples` no-op jobs one at a time (each its own statement and commit) at
+    `rate` jobs/s, then wait until they are done. Returns, per job, when its enqueue call
+    started and when its commit returned."""
     sent: dict[int, float] = {}
     committed: dict[int, float] = {}
     enqueue = f"select {SCHEMA}.enqueue('noop')"
@@ -312,25 +262,35 @@ def _enqueue_steadily(
         next_at += 1 / rate
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        done = conn.execute(f"select count(*) from {SCHEMA}.jobs where status = 'done'")
+        done = conn.execute(
+            f"select count(*) from {SCHEMA}.jobs where id = any(%s) and status = 'done'",
+            (list(sent),),
+        )
         if done.fetchone()[0] >= samples:
             break
         time.sleep(0.1)
     return sent, committed
 
 
-def _latencies(
-    starts: Path, sent: dict[int, float], committed: dict[int, float]
-) -> dict[str, float]:
-    """p50/p95/p99 from each enqueue call's start (and p50/p95 from its commit returning) to
-    its handler's start, as the handler logged it in `starts` (which is removed)."""
+def read_starts(starts: Path) -> dict[int, float]:
+    """The handler's start times (job id -> Unix time) as it logged them in `starts`, which
+    is removed."""
     started = {}
     for line in starts.read_text().splitlines():
         job_id, at = line.split()
         started[int(job_id)] = float(at)
     starts.unlink()
-    if len(started) < len(sent):
-        raise RuntimeError(f"the worker started {len(started)} of {len(sent)} jobs")
+    return started
+
+
+def latency_figures(
+    started: dict[int, float], sent: dict[int, float], committed: dict[int, float]
+) -> dict[str, float]:
+    """p50/p95/p99 from each enqueue call's start (and p50/p95 from its commit returning) to
+    its handler's start."""
+    missing = [job_id for job_id in sent if job_id not in started]
+    if missing:
+        raise RuntimeError(f"the worker started {len(sent) - len(missing)} of {len(sent)} jobs")
     latency = [(started[i] - sent[i]) * 1000 for i in sent]
     after_commit = [(started[i] - committed[i]) * 1000 for i in sent]
     return {

@@ -13,7 +13,13 @@ COMPARE_WITH = {"jobs_per_s": "drain_jobs_per_s", "enqueue_jobs_per_s": "enqueue
 
 
 def unit_of(figure: str) -> str:
-    for marker, unit in (("us_per_row", "us/row"), ("jobs_per_s", "jobs/s"), ("_ms", "ms")):
+    markers = (
+        ("us_per_row", "us/row"),
+        ("jobs_per_s", "jobs/s"),
+        ("_ms", "ms"),
+        ("samples", "jobs"),
+    )
+    for marker, unit in markers:
         if marker in figure:
             return unit
     return "ratio"

@@ -46,8 +46,9 @@ class Stack:
 
 def start(transports: tuple[str, ...] = ("postgres", "supabase")) -> Stack:
     """A durable Supabase-like cluster with the queue pushed by the Supabase CLI, one rendered
-    project per transport (the migrations are the same; they are pushed once) and one of the
-    python-http style (`http`), and a database per peer."""
+    project per transport (the migrations are the same; they are pushed once), one per
+    worker style that pg_net wakes (`http`, `http_supabase`, `edge`), and a database per
+    peer."""
     # Imported here: worker processes import this module too, and need no copier.
     from tests.support.project import push_migrations, render, snapshot_template
     from tests.support.stack import start_supabase_like_cluster
@@ -57,16 +58,20 @@ def start(transports: tuple[str, ...] = ("postgres", "supabase")) -> Stack:
     stack = Stack(cluster, workdir)
     try:
         template = snapshot_template(workdir / "template")
-        # One project per transport, and the python-http worker for the pg_net wake-up
-        # scenario (`http`; its migrations differ from the others' only in the fallback worker
-        # URL, which the scenario overrides with the wake-up settings, so they are not pushed).
-        styles = {t: ("python", t) for t in transports} | {"http": ("python-http", "postgres")}
+        # One project per transport, and one per worker style for the pg_net wake-up
+        # scenarios (their migrations differ from the others' only in the fallback worker
+        # URL, which the scenarios override with the wake-up settings, so they are not pushed).
+        styles = {t: ("python", t) for t in transports} | {
+            "http": ("python-http", "postgres"),
+            "http_supabase": ("python-http", "supabase"),
+            "edge": ("edge", "supabase"),
+        }
         for name, (style, transport) in styles.items():
             stack.projects[name] = render(
                 template,
                 workdir / f"bench-{name}",
                 project_name=f"Bench {name}",
-                project_slug=f"bench-{name}",
+                project_slug=f"bench-{name.replace('_', '-')}",
                 package_name=f"bench_{name}",
                 worker_style=style,
                 claim_transport=transport,

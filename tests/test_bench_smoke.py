@@ -26,8 +26,15 @@ SCENARIOS = {
     "worker_supabase_1proc": {"jobs_per_s"},
     "worker_supabase_4proc": {"jobs_per_s"},
     "worker_latency_supabase": {"p50_ms", "p95_ms", "p99_ms"},
-    # the python-http worker, woken through the real pg_net
-    "worker_latency_wakeup": {"p50_ms", "p95_ms", "p99_ms"},
+    # each worker style woken through the real pg_net, under each load shape
+    **{
+        scenario: {
+            f"{shape}_{figure}"
+            for shape in ("steady_50", "steady_200", "isolated")
+            for figure in ("p50_ms", "p95_ms", "p99_ms", "samples")
+        }
+        for scenario in ("wakeup_http_postgres", "wakeup_http_supabase", "wakeup_edge")
+    },
 }
 
 
@@ -54,6 +61,13 @@ def test_bench_runs_every_scenario_on_a_tiny_size(tmp_path: Path) -> None:
     # Every throughput figure of ours is compared with both peers.
     for scenario in ("sql_claim_1proc", "worker_postgres_4proc", "worker_supabase_1proc"):
         assert {"vs_pgqueuer", "vs_procrastinate"} <= set(scenarios[scenario]["jobs_per_s"])
+    # Each wake-up target is checked against what was measured, and printed.
+    checked = {(row["scenario"], row["shape"]) for row in result["targets"]}
+    assert len(checked) == 9, result["targets"]
+    for row in result["targets"]:
+        p95 = scenarios[row["scenario"]][f"{row['shape']}_p95_ms"]["median"]
+        assert row["met"] == (p95 <= row["target_p95_ms"]), row
+        assert f"target {row['scenario']} {row['shape']}: p95" in printed
     assert result["server"]["fsync"] == "on"
     assert result["server"]["synchronous_commit"] == "on"
     assert "sql_claim_4proc" in printed and "x pgqueuer" in printed
