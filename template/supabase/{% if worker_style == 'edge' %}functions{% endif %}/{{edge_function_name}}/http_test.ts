@@ -11,7 +11,6 @@ const settings: Settings = {
   serviceKeys: ["service-key"],
   schema: "pgqueue",
   batchSize: 10,
-  leaseSeconds: 60,
   timeBudgetMs: 10_000,
 };
 

@@ -16,6 +16,7 @@ Deno.test("the Edge runtime's variables are enough", () => {
   assert.deepEqual(settings.serviceKeys, ["service-role-jwt"]);
   assert.ok(settings.timeBudgetMs < 150_000, "must stop before the free plan's 150 s limit");
   assert.ok(settings.batchSize >= 1);
+  assert.equal(settings.leaseSeconds, undefined, "claims get the lease the database sets");
 });
 
 Deno.test("a worker key and the new secret keys come before the legacy key", () => {
@@ -46,6 +47,11 @@ Deno.test("numbers and the schema are read from the environment", () => {
   assert.equal(settings.timeBudgetMs, 30_000);
 });
 
+Deno.test("an empty PGQUEUE_LEASE_SECONDS is no lease", () => {
+  const settings = loadSettings(env({ ...base, PGQUEUE_LEASE_SECONDS: "" }));
+  assert.equal(settings.leaseSeconds, undefined);
+});
+
 Deno.test("errors name the variable and what to do", () => {
   assert.throws(() => loadSettings(env({})), (error: Error) => {
     assert.ok(error instanceof SettingsError);
@@ -59,6 +65,10 @@ Deno.test("errors name the variable and what to do", () => {
   assert.throws(
     () => loadSettings(env({ ...base, PGQUEUE_BATCH_SIZE: "ten" })),
     /PGQUEUE_BATCH_SIZE must be a whole number from 1 to 1000; got "ten"/,
+  );
+  assert.throws(
+    () => loadSettings(env({ ...base, PGQUEUE_LEASE_SECONDS: "5" })),
+    /PGQUEUE_LEASE_SECONDS must be a whole number from 10 to 86400; got "5"/,
   );
   assert.throws(
     () => loadSettings(env({ ...base, PGQUEUE_SCHEMA: "bad-name" })),

@@ -1,5 +1,5 @@
 // Test helpers (used by the *_test.ts files only): an in-memory queue that follows the SQL
-// functions' rules for claims, lock tokens and attempts.
+// functions' rules for claims, leases, lock tokens and attempts.
 import type { ClaimedJob, ClaimOptions, FailOutcome, Queue } from "./queue.ts";
 
 export interface StoredJob extends ClaimedJob {
@@ -10,6 +10,8 @@ export interface StoredJob extends ClaimedJob {
 export class MemoryQueue implements Queue {
   jobs: StoredJob[] = [];
   claims: ClaimOptions[] = [];
+  /** The lease configured in the database: what a claim without a lease gets. */
+  leaseSeconds = 300;
   /** Called before each claim, e.g. to move a fake clock on or to throw. */
   beforeClaim: (options: ClaimOptions) => void = () => {};
 
@@ -22,6 +24,8 @@ export class MemoryQueue implements Queue {
       attempts: 0,
       max_attempts: options.maxAttempts ?? 5,
       lock_token: "",
+      locked_at: "",
+      locked_until: "",
       status: "queued",
       lastError: null,
     };
@@ -42,10 +46,14 @@ export class MemoryQueue implements Queue {
         options.kinds.includes(job.kind)
       )
       .slice(0, options.maxJobs);
+    const lockedAt = Date.now();
+    const leaseMs = 1000 * (options.leaseSeconds ?? this.leaseSeconds);
     for (const job of claimed) {
       job.status = "running";
       job.attempts += 1;
       job.lock_token = crypto.randomUUID();
+      job.locked_at = new Date(lockedAt).toISOString();
+      job.locked_until = new Date(lockedAt + leaseMs).toISOString();
     }
     return Promise.resolve(claimed.map((job) => ({ ...job })));
   }

@@ -10,7 +10,8 @@ export interface DrainOptions {
   /** Recorded on each claimed job (locked_by). */
   workerId: string;
   batchSize: number;
-  leaseSeconds: number;
+  /** The lease claims ask for; without it, the lease configured in the database. */
+  leaseSeconds?: number;
   /** Stop claiming once this much time has passed (or is about to). */
   timeBudgetMs: number;
   /** Milliseconds on a monotonic clock; tests pass their own. */
@@ -90,10 +91,7 @@ export async function drain(
         summary.claimed += jobs.length;
         // Handlers are stopped before the budget ends and before their lease does, so each
         // job is reported before the sweeper could hand it to another worker.
-        const stopAt = Math.min(
-          deadline,
-          batchStarted + options.leaseSeconds * 1000 - LEASE_MARGIN_MS,
-        );
+        const stopAt = Math.min(deadline, batchStarted + shortestLeaseMs(jobs) - LEASE_MARGIN_MS);
         await runBatch(jobs, stopAt - now(), options, log, summary);
         slowestBatchMs = Math.max(slowestBatchMs, now() - batchStarted);
         if (jobs.length === options.batchSize) stillFull.push(queue);
@@ -108,6 +106,24 @@ export async function drain(
   } finally {
     summary.elapsedMs = Math.round(now() - started);
   }
+}
+
+/**
+ * The lease the claim gave these jobs, from their rows: the database's clock set both ends,
+ * so the difference holds whatever this machine's clock says.
+ */
+function shortestLeaseMs(jobs: readonly ClaimedJob[]): number {
+  const leases = jobs.map((job) => {
+    const leaseMs = Date.parse(job.locked_until) - Date.parse(job.locked_at);
+    if (!Number.isFinite(leaseMs)) {
+      throw new Error(
+        `claim() returned job ${job.id} without locked_at and locked_until, which set its ` +
+          "time limit: claim() must return whole jobs rows, as the project's migrations have it",
+      );
+    }
+    return leaseMs;
+  });
+  return Math.min(...leases);
 }
 
 type Outcome = { job: ClaimedJob; error?: unknown };

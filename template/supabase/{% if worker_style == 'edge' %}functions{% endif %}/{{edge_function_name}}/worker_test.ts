@@ -28,7 +28,6 @@ function options(queue: MemoryQueue, overrides: Partial<DrainOptions> = {}): Dra
     handlers,
     workerId: "test-worker",
     batchSize: 3,
-    leaseSeconds: 60,
     timeBudgetMs: 10_000,
     log: () => {},
     ...overrides,
@@ -52,7 +51,7 @@ Deno.test("every job runs once and is completed, a batch at a time", async () =>
   assert.deepEqual(queue.claims.map((claim) => claim.maxJobs), [3, 3, 3]);
   assert.deepEqual(queue.claims[0].kinds.sort(), ["boom", "ok", "refused", "slow"]);
   assert.equal(queue.claims[0].worker, "test-worker");
-  assert.equal(queue.claims[0].leaseSeconds, 60);
+  assert.equal(queue.claims[0].leaseSeconds, undefined, "the database's lease applies");
 });
 
 Deno.test("a failing job never stops the batch, and its error is stored", async () => {
@@ -169,16 +168,44 @@ Deno.test("a handler that ignores the abort is abandoned, and the batch goes on"
   assert.equal(summary.retried, 1);
 });
 
-Deno.test("handlers are stopped before their lease runs out", async () => {
+Deno.test("handlers are stopped before the lease their row was given runs out", async () => {
   const queue = new MemoryQueue();
   const slow = queue.add("slow");
-  // A 2.05 s lease leaves 50 ms once the 2 s kept for reporting are taken off.
+  // The database's configured lease: 2.05 s leaves 50 ms once the 2 s kept for reporting are
+  // taken off.
+  queue.leaseSeconds = 2.05;
+  const started = performance.now();
+
+  await drain(["default"], options(queue));
+
+  assert.equal(slow.status, "queued");
+  assert.match(slow.lastError ?? "", /^TimeoutError: the job was still running after \d+ ms/);
+  assert.ok(performance.now() - started < 1000);
+});
+
+Deno.test("a lease set for the worker is asked for, and limits the handlers", async () => {
+  const queue = new MemoryQueue();
+  const slow = queue.add("slow");
   const started = performance.now();
 
   await drain(["default"], options(queue, { leaseSeconds: 2.05 }));
 
+  assert.equal(queue.claims[0].leaseSeconds, 2.05);
   assert.equal(slow.status, "queued");
   assert.ok(performance.now() - started < 1000);
+});
+
+Deno.test("claimed rows without their lease times end the drain with an error that says why", async () => {
+  const queue = new MemoryQueue();
+  queue.add("ok", { n: 1 });
+  const claim = queue.claim.bind(queue);
+  queue.claim = async (claimOptions) =>
+    (await claim(claimOptions)).map((job) => ({ ...job, locked_at: "", locked_until: "" }));
+
+  const summary = await drain(["default"], options(queue));
+
+  assert.equal(summary.stoppedBy, "error");
+  assert.match(summary.error ?? "", /job 1 without locked_at and locked_until/);
 });
 
 Deno.test("each woken queue is drained, in turn", async () => {
