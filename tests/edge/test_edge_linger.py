@@ -1,11 +1,14 @@
-"""End to end, the Edge Function's run-time choices: claims take the lease configured in the
-database unless PGQUEUE_LEASE_SECONDS overrides it.
+"""End to end, the Edge Function's run-time choices: a wake-up lingers after its queues run
+dry, so a job enqueued soon after runs without another POST (and PGQUEUE_LINGER_MS=0 turns
+that off); claims take the lease configured in the database unless PGQUEUE_LEASE_SECONDS
+overrides it.
 
 The test's own POST is the only wake-up: the database has no worker URL or key here, so its
-INSERT trigger sends nothing."""
+INSERT trigger sends nothing (checked at the end of each test)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -80,12 +83,70 @@ def wait_for_status(
         time.sleep(0.02)
 
 
+def summaries(worker: EdgeWorker) -> list[dict]:
+    """The drain.end lines the function has logged: one per drain."""
+    return [json.loads(line) for line in worker.lines if '"event":"drain.end"' in line]
+
+
+def wait_for_summaries(worker: EdgeWorker, count: int, timeout: float = 20) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while len(summaries(worker)) < count:
+        assert time.monotonic() < deadline, (
+            f"fewer than {count} drain.end lines:\n{worker.output()}"
+        )
+        time.sleep(0.05)
+    return summaries(worker)
+
+
 def assert_the_database_sent_no_wake_up(db: psycopg.Connection) -> None:
     sent = db.execute(
         "select (select count(*) from net.http_request_queue)"
         " + (select count(*) from net._http_response)"
     ).fetchone()[0]
     assert sent == 0
+
+
+def test_a_job_enqueued_after_the_queue_went_empty_runs_in_the_same_wake_up(
+    quiet_db: psycopg.Connection, worker_with: Callable[..., EdgeWorker]
+) -> None:
+    db = quiet_db
+    worker = worker_with()  # the defaults: a 2 s linger
+    first = enqueue(db, "send_email", EMAIL)
+
+    assert wake(worker)["joined"] is False
+    wait_for_status(db, first, "done", worker)
+    time.sleep(0.3)
+    late = enqueue(db, "send_email", EMAIL)
+    wait_for_status(db, late, "done", worker, timeout=5)
+
+    [summary] = wait_for_summaries(worker, 1)
+    assert summary["wakeUps"] == 1
+    assert summary["claimed"] == summary["completed"] == 2
+    # It stopped only after a whole linger window with nothing to do.
+    assert summary["stoppedBy"] == "empty"
+    assert summary["elapsedMs"] >= 300 + 2000
+    assert_the_database_sent_no_wake_up(db)
+
+
+def test_with_the_linger_off_a_later_job_waits_for_the_next_wake_up(
+    quiet_db: psycopg.Connection, worker_with: Callable[..., EdgeWorker]
+) -> None:
+    db = quiet_db
+    worker = worker_with(PGQUEUE_LINGER_MS="0")
+    first = enqueue(db, "send_email", EMAIL)
+
+    wake(worker)
+    [summary] = wait_for_summaries(worker, 1)
+    assert (summary["completed"], summary["stoppedBy"]) == (1, "empty")
+    assert status(db, first) == ("done", 1)
+    late = enqueue(db, "send_email", EMAIL)
+    time.sleep(0.5)
+    assert status(db, late) == ("queued", 0)
+
+    wake(worker)
+    wait_for_status(db, late, "done", worker)
+    assert len(wait_for_summaries(worker, 2)) == 2
+    assert_the_database_sent_no_wake_up(db)
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 // Test helpers (used by the *_test.ts files only): an in-memory queue that follows the SQL
-// functions' rules for claims, leases, lock tokens and attempts.
+// functions' rules for claims, leases, lock tokens and attempts, and a clock that tests move.
 import type { ClaimedJob, ClaimOptions, FailOutcome, Queue } from "./queue.ts";
 
 export interface StoredJob extends ClaimedJob {
@@ -77,5 +77,32 @@ export class MemoryQueue implements Queue {
     return this.jobs.find((job) =>
       job.id === claimed.id && job.status === "running" && job.lock_token === claimed.lock_token
     );
+  }
+}
+
+/**
+ * A clock for drain()'s `now` and `sleep`: sleeping moves it on at once, and what a test
+ * scheduled with `at()` happens when the clock passes its time.
+ */
+export class FakeClock {
+  time = 0;
+  private scheduled: { at: number; run: () => void }[] = [];
+
+  now = (): number => this.time;
+
+  sleep = (ms: number): Promise<void> => {
+    this.advance(ms);
+    return Promise.resolve();
+  };
+
+  advance(ms: number): void {
+    this.time += ms;
+    const due = this.scheduled.filter((item) => item.at <= this.time);
+    this.scheduled = this.scheduled.filter((item) => item.at > this.time);
+    for (const item of due) item.run();
+  }
+
+  at(time: number, run: () => void): void {
+    this.scheduled.push({ at: time, run });
   }
 }
