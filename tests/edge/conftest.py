@@ -46,6 +46,8 @@ def postgrest(stack: Cluster, project: Path) -> Iterator[PostgRESTStandIn]:
 def edge_worker(
     deno: Deno, function_dir: Path, postgrest: PostgRESTStandIn
 ) -> Iterator[EdgeWorker]:
-    worker = start_edge_worker(deno, function_dir, postgrest)
+    # These tests check what each wake-up does, so no drain may outlive its test and run the
+    # next test's jobs: the linger is off here (test_edge_linger.py tests it).
+    worker = start_edge_worker(deno, function_dir, postgrest, PGQUEUE_LINGER_MS="0")
     yield worker
     stop_edge_worker(worker)

@@ -1,12 +1,21 @@
 // Machinery: the HTTP side. The database's wake-up (pg_net) is a POST with
 // `Authorization: Bearer <service key>` and a body like {"reason": "enqueue", "queues":
 // ["default"]}. The reply (202) goes out at once; the jobs run after it, for as long as the
-// Edge runtime keeps the function alive for them (EdgeRuntime.waitUntil).
+// Edge runtime keeps the function alive for them (EdgeRuntime.waitUntil). A wake-up that
+// finds this instance lingering over the same queues joins that drain instead of starting
+// another one.
 import { bearerCheck } from "./auth.ts";
 import type { HandlerMap } from "./job.ts";
 import type { Queue } from "./queue.ts";
 import { FUNCTION_NAME, type Settings } from "./settings.ts";
-import { describe, drain, type DrainSummary, type LogEvent, logJson } from "./worker.ts";
+import {
+  describe,
+  type Drain,
+  type DrainSummary,
+  type LogEvent,
+  logJson,
+  startDrain,
+} from "./worker.ts";
 
 export interface WakeHandlerOptions {
   settings: Settings;
@@ -38,6 +47,8 @@ export function createWakeHandler(
   const waitUntil = options.waitUntil ?? edgeRuntimeWaitUntil();
   const isAuthorized = bearerCheck(settings.serviceKeys);
   const workerId = `${FUNCTION_NAME}:${crypto.randomUUID().slice(0, 8)}`;
+  // The drains under way in this instance, each with its work as handed to waitUntil.
+  const drains = new Map<Drain, Promise<void>>();
 
   return async (request) => {
     if (request.method !== "POST") {
@@ -59,20 +70,31 @@ export function createWakeHandler(
       return reply(400, { error: (error as Error).message });
     }
 
-    const work = drain(wake.queues, {
+    for (const [running, work] of drains) {
+      if (wake.queues.every((queue) => running.queues.includes(queue)) && running.join()) {
+        waitUntil?.(work);
+        return reply(202, { accepted: true, queues: wake.queues, worker: workerId, joined: true });
+      }
+    }
+    const started = startDrain(wake.queues, {
       queue: options.queue,
       handlers,
       workerId,
       batchSize: settings.batchSize,
       leaseSeconds: settings.leaseSeconds,
       timeBudgetMs: settings.timeBudgetMs,
+      lingerMs: settings.lingerMs,
+      lingerPollMs: settings.lingerPollMs,
       log,
-    }).then((summary) => {
+    });
+    const work = started.done.then((summary) => {
       log({ event: "drain.end", reason: wake.reason, queues: wake.queues, ...summary });
       options.onDrained?.(summary);
-    }).catch((error) => log({ event: "drain.error", error: describe(error) }));
+    }).catch((error) => log({ event: "drain.error", error: describe(error) }))
+      .finally(() => drains.delete(started));
+    drains.set(started, work);
     waitUntil?.(work);
-    return reply(202, { accepted: true, queues: wake.queues, worker: workerId });
+    return reply(202, { accepted: true, queues: wake.queues, worker: workerId, joined: false });
   };
 }
 

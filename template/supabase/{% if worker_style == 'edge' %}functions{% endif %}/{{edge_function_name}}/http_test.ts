@@ -11,8 +11,9 @@ const settings: Settings = {
   serviceKeys: ["service-key"],
   schema: "pgqueue",
   batchSize: 10,
-  leaseSeconds: 60,
   timeBudgetMs: 10_000,
+  lingerMs: 0,
+  lingerPollMs: 10,
 };
 
 const handlers = { ok: defineHandler(z.object({}), () => {}) };
@@ -23,12 +24,12 @@ function wake(authorization: string | null, body = '{"reason":"enqueue","queues"
   return new Request("http://localhost/job-worker", { method: "POST", headers, body });
 }
 
-function setUp() {
+function setUp(overrides: Partial<Settings> = {}) {
   const queue = new MemoryQueue();
   const pending: Promise<unknown>[] = [];
   const summaries: DrainSummary[] = [];
   const handle = createWakeHandler({
-    settings,
+    settings: { ...settings, ...overrides },
     queue,
     handlers,
     waitUntil: (work) => pending.push(work),
@@ -48,11 +49,33 @@ Deno.test("a wake-up with the service key is answered 202 and the jobs run after
   assert.equal(response.status, 202);
   const body = await response.json();
   assert.equal(body.accepted, true);
+  assert.equal(body.joined, false);
   assert.deepEqual(body.queues, ["default"]);
   assert.equal(pending.length, 1, "the work is handed to waitUntil");
   await Promise.all(pending);
   assert.deepEqual(queue.byStatus("done"), [1, 2]);
   assert.equal(summaries[0].completed, 2);
+});
+
+Deno.test("a wake-up while a drain lingers joins it instead of starting another", async () => {
+  const { queue, pending, summaries, handle } = setUp({ lingerMs: 500, lingerPollMs: 10 });
+  queue.add("ok");
+  const first = await (await handle(wake("Bearer service-key"))).json();
+  while (queue.byStatus("done").length === 0) await new Promise((r) => setTimeout(r, 5));
+
+  queue.add("ok");
+  const second = await handle(wake("Bearer service-key"));
+  const other = await handle(wake("Bearer service-key", '{"queues":["default","emails"]}'));
+
+  assert.equal(second.status, 202);
+  assert.equal(first.joined, false);
+  assert.equal((await second.json()).joined, true);
+  assert.equal((await other.json()).joined, false, "a queue the drain does not cover");
+  assert.equal(pending.length, 3, "each wake-up hands its work to waitUntil");
+  assert.equal(pending[1], pending[0], "the joined wake-up waits for the drain it joined");
+  await Promise.all(pending);
+  assert.deepEqual(queue.byStatus("done"), [1, 2]);
+  assert.deepEqual(summaries.map((summary) => summary.wakeUps).sort(), [1, 2]);
 });
 
 Deno.test("a wrong or missing key is refused with 403 and claims nothing", async () => {

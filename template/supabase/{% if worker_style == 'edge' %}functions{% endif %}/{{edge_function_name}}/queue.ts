@@ -13,6 +13,9 @@ export interface ClaimedJob {
   attempts: number;
   max_attempts: number;
   lock_token: string;
+  /** When the claim took the job and until when it holds it (ISO timestamps). */
+  locked_at: string;
+  locked_until: string;
 }
 
 export interface ClaimOptions {
@@ -20,7 +23,8 @@ export interface ClaimOptions {
   queue: string;
   kinds: string[];
   maxJobs: number;
-  leaseSeconds: number;
+  /** Omitted: the lease configured in the database. */
+  leaseSeconds?: number;
 }
 
 /** The job's status after fail(): queued again, dead-lettered, or null when stale. */
@@ -69,7 +73,7 @@ export function supabaseQueue(settings: Settings): Queue {
         queue,
         kinds,
         max_jobs: maxJobs,
-        lease_seconds: leaseSeconds,
+        ...(leaseSeconds === undefined ? {} : { lease_seconds: leaseSeconds }),
       }),
     completeMany: (jobs) =>
       call<number[]>("complete_many", {

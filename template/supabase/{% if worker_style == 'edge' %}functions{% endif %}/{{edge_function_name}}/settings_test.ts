@@ -16,6 +16,10 @@ Deno.test("the Edge runtime's variables are enough", () => {
   assert.deepEqual(settings.serviceKeys, ["service-role-jwt"]);
   assert.ok(settings.timeBudgetMs < 150_000, "must stop before the free plan's 150 s limit");
   assert.ok(settings.batchSize >= 1);
+  assert.equal(settings.leaseSeconds, undefined, "claims get the lease the database sets");
+  assert.equal(settings.lingerMs, 2000);
+  assert.equal(settings.lingerPollMs, 100);
+  assert.ok(settings.lingerMs < settings.timeBudgetMs);
 });
 
 Deno.test("a worker key and the new secret keys come before the legacy key", () => {
@@ -39,11 +43,23 @@ Deno.test("numbers and the schema are read from the environment", () => {
     PGQUEUE_BATCH_SIZE: "25",
     PGQUEUE_LEASE_SECONDS: "60",
     PGQUEUE_TIME_BUDGET_SECONDS: "30",
+    PGQUEUE_LINGER_MS: "500",
+    PGQUEUE_LINGER_POLL_MS: "50",
   }));
   assert.equal(settings.schema, "jobs");
   assert.equal(settings.batchSize, 25);
   assert.equal(settings.leaseSeconds, 60);
   assert.equal(settings.timeBudgetMs, 30_000);
+  assert.equal(settings.lingerMs, 500);
+  assert.equal(settings.lingerPollMs, 50);
+});
+
+Deno.test("PGQUEUE_LINGER_MS=0 turns the linger off; an empty lease is no lease", () => {
+  const settings = loadSettings(
+    env({ ...base, PGQUEUE_LINGER_MS: "0", PGQUEUE_LEASE_SECONDS: "" }),
+  );
+  assert.equal(settings.lingerMs, 0);
+  assert.equal(settings.leaseSeconds, undefined);
 });
 
 Deno.test("errors name the variable and what to do", () => {
@@ -59,6 +75,14 @@ Deno.test("errors name the variable and what to do", () => {
   assert.throws(
     () => loadSettings(env({ ...base, PGQUEUE_BATCH_SIZE: "ten" })),
     /PGQUEUE_BATCH_SIZE must be a whole number from 1 to 1000; got "ten"/,
+  );
+  assert.throws(
+    () => loadSettings(env({ ...base, PGQUEUE_LEASE_SECONDS: "5" })),
+    /PGQUEUE_LEASE_SECONDS must be a whole number from 10 to 86400; got "5"/,
+  );
+  assert.throws(
+    () => loadSettings(env({ ...base, PGQUEUE_LINGER_MS: "-1" })),
+    /PGQUEUE_LINGER_MS must be a whole number from 0 to 60000; got "-1"/,
   );
   assert.throws(
     () => loadSettings(env({ ...base, PGQUEUE_SCHEMA: "bad-name" })),

@@ -1,5 +1,5 @@
 // Test helpers (used by the *_test.ts files only): an in-memory queue that follows the SQL
-// functions' rules for claims, lock tokens and attempts.
+// functions' rules for claims, leases, lock tokens and attempts, and a clock that tests move.
 import type { ClaimedJob, ClaimOptions, FailOutcome, Queue } from "./queue.ts";
 
 export interface StoredJob extends ClaimedJob {
@@ -10,6 +10,8 @@ export interface StoredJob extends ClaimedJob {
 export class MemoryQueue implements Queue {
   jobs: StoredJob[] = [];
   claims: ClaimOptions[] = [];
+  /** The lease configured in the database: what a claim without a lease gets. */
+  leaseSeconds = 300;
   /** Called before each claim, e.g. to move a fake clock on or to throw. */
   beforeClaim: (options: ClaimOptions) => void = () => {};
 
@@ -22,6 +24,8 @@ export class MemoryQueue implements Queue {
       attempts: 0,
       max_attempts: options.maxAttempts ?? 5,
       lock_token: "",
+      locked_at: "",
+      locked_until: "",
       status: "queued",
       lastError: null,
     };
@@ -42,10 +46,14 @@ export class MemoryQueue implements Queue {
         options.kinds.includes(job.kind)
       )
       .slice(0, options.maxJobs);
+    const lockedAt = Date.now();
+    const leaseMs = 1000 * (options.leaseSeconds ?? this.leaseSeconds);
     for (const job of claimed) {
       job.status = "running";
       job.attempts += 1;
       job.lock_token = crypto.randomUUID();
+      job.locked_at = new Date(lockedAt).toISOString();
+      job.locked_until = new Date(lockedAt + leaseMs).toISOString();
     }
     return Promise.resolve(claimed.map((job) => ({ ...job })));
   }
@@ -69,5 +77,32 @@ export class MemoryQueue implements Queue {
     return this.jobs.find((job) =>
       job.id === claimed.id && job.status === "running" && job.lock_token === claimed.lock_token
     );
+  }
+}
+
+/**
+ * A clock for drain()'s `now` and `sleep`: sleeping moves it on at once, and what a test
+ * scheduled with `at()` happens when the clock passes its time.
+ */
+export class FakeClock {
+  time = 0;
+  private scheduled: { at: number; run: () => void }[] = [];
+
+  now = (): number => this.time;
+
+  sleep = (ms: number): Promise<void> => {
+    this.advance(ms);
+    return Promise.resolve();
+  };
+
+  advance(ms: number): void {
+    this.time += ms;
+    const due = this.scheduled.filter((item) => item.at <= this.time);
+    this.scheduled = this.scheduled.filter((item) => item.at > this.time);
+    for (const item of due) item.run();
+  }
+
+  at(time: number, run: () => void): void {
+    this.scheduled.push({ at: time, run });
   }
 }

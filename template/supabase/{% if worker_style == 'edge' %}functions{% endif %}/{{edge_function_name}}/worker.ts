@@ -1,5 +1,7 @@
 // Machinery: one wake-up's work. Claim a batch, run its jobs concurrently, complete or fail
-// each one, and go on until the queues are empty or the time budget is nearly spent.
+// each one, and go on until the queues are empty, then linger: claim again every few tens of
+// milliseconds for a while, in case more jobs come, until the window passes with nothing to
+// do or the time budget is nearly spent.
 import type { HandlerMap, Job } from "./job.ts";
 import { PermanentError } from "./job.ts";
 import type { ClaimedJob, Queue } from "./queue.ts";
@@ -10,17 +12,26 @@ export interface DrainOptions {
   /** Recorded on each claimed job (locked_by). */
   workerId: string;
   batchSize: number;
-  leaseSeconds: number;
+  /** The lease claims ask for; without it, the lease configured in the database. */
+  leaseSeconds?: number;
   /** Stop claiming once this much time has passed (or is about to). */
   timeBudgetMs: number;
+  /** Go on claiming for this long after the queues ran dry (default 0: stop at once). */
+  lingerMs?: number;
+  /** How often to claim while lingering (default 100 ms). */
+  lingerPollMs?: number;
   /** Milliseconds on a monotonic clock; tests pass their own. */
   now?: () => number;
+  /** Waits `ms` on that clock, or less if `signal` aborts first; tests pass their own. */
+  sleep?: (ms: number, signal: AbortSignal) => Promise<void>;
   log?: (event: LogEvent) => void;
 }
 
 export type LogEvent = { event: string } & Record<string, unknown>;
 
 export interface DrainSummary {
+  /** The wake-ups this drain served: the one that started it and those that joined it. */
+  wakeUps: number;
   claimed: number;
   completed: number;
   /** Failed attempts that go back to the queue after a backoff. */
@@ -31,31 +42,58 @@ export interface DrainSummary {
   stale: number;
   /** Jobs left running because reporting them failed; the sweeper rescues them. */
   unreported: number;
-  /** Why claiming stopped. */
+  /**
+   * Why claiming stopped: the queues stayed empty for the whole linger window, the time
+   * budget ran out (with jobs waiting, or while lingering), or a call to the API failed.
+   */
   stoppedBy: "empty" | "time budget" | "error";
   error?: string;
   elapsedMs: number;
 }
 
+/** A drain under way, which later wake-ups for the same queues may join. */
+export interface Drain {
+  readonly queues: readonly string[];
+  /**
+   * Hands this drain another wake-up: it claims again at once and starts its linger window
+   * over. Taken only while the drain lingers with at least half its time budget left (a busy
+   * drain has its hands full, and a wake-up's jobs should not wait for one that is about to
+   * stop); false otherwise, and then the wake-up starts a drain of its own.
+   */
+  join(): boolean;
+  readonly done: Promise<DrainSummary>;
+}
+
 /** Time kept back at the end of a lease to report the job before the lease runs out. */
 const LEASE_MARGIN_MS = 2000;
+const DEFAULT_LINGER_POLL_MS = 100;
 
 /** One JSON line per event, which the Edge runtime's logs show as they are. */
 export function logJson(event: LogEvent): void {
   console.log(JSON.stringify(event));
 }
 
-/** Runs jobs of `queues` (in turn) until they are empty or time is nearly up. */
-export async function drain(
+/** Runs jobs of `queues` (in turn) until they stay empty or time is nearly up. */
+export function drain(
   queues: readonly string[],
   options: DrainOptions,
 ): Promise<DrainSummary> {
+  return startDrain(queues, options).done;
+}
+
+/** drain(), with a handle that later wake-ups can join. */
+export function startDrain(queues: readonly string[], options: DrainOptions): Drain {
   const now = options.now ?? (() => performance.now());
+  const sleep = options.sleep ?? abortableSleep;
   const log = options.log ?? logJson;
+  const lingerMs = options.lingerMs ?? 0;
+  const pollMs = options.lingerPollMs ?? DEFAULT_LINGER_POLL_MS;
   const started = now();
   const deadline = started + options.timeBudgetMs;
   const kinds = Object.keys(options.handlers);
+  const woken = [...new Set(queues)];
   const summary: DrainSummary = {
+    wakeUps: 1,
     claimed: 0,
     completed: 0,
     retried: 0,
@@ -65,19 +103,46 @@ export async function drain(
     stoppedBy: "empty",
     elapsedMs: 0,
   };
-  // The longest a batch has taken so far: when less time than that is left, another batch
-  // might not finish inside the budget, so this wake-up stops claiming.
-  let slowestBatchMs = 0;
-  let active = [...new Set(queues)];
+  // When the queues were last found dry, while this drain lingers; undefined while it works.
+  let drySince: number | undefined;
+  let joined = false;
+  let stopped = false;
+  let interruptPause: AbortController | undefined;
 
-  try {
-    while (active.length > 0) {
+  function stop(reason: DrainSummary["stoppedBy"]): DrainSummary {
+    stopped = true;
+    summary.stoppedBy = reason;
+    return summary;
+  }
+
+  async function run(): Promise<DrainSummary> {
+    // The longest a batch has taken so far: when less time than that is left, another batch
+    // might not finish inside the budget, so this wake-up stops claiming.
+    let slowestBatchMs = 0;
+    let active = woken;
+    while (true) {
+      if (joined) {
+        joined = false;
+        drySince = undefined;
+        active = woken;
+      }
+      if (active.length === 0) {
+        // Every queue came back short of a full batch: linger, polling, until the window
+        // passes with nothing found.
+        drySince ??= now();
+        const lingerLeft = drySince + lingerMs - now();
+        if (lingerLeft <= 0) return stop("empty");
+        const pause = Math.min(pollMs, lingerLeft);
+        if (now() + pause + slowestBatchMs >= deadline) return stop("time budget");
+        interruptPause = new AbortController();
+        await sleep(pause, interruptPause.signal);
+        interruptPause = undefined;
+        active = woken;
+        continue;
+      }
       const stillFull: string[] = [];
       for (const queue of active) {
-        if (now() + slowestBatchMs >= deadline) {
-          summary.stoppedBy = "time budget";
-          return summary;
-        }
+        if (now() + slowestBatchMs >= deadline) return stop("time budget");
         const batchStarted = now();
         const jobs = await options.queue.claim({
           worker: options.workerId,
@@ -87,27 +152,72 @@ export async function drain(
           leaseSeconds: options.leaseSeconds,
         });
         if (jobs.length === 0) continue;
+        drySince = undefined;
         summary.claimed += jobs.length;
         // Handlers are stopped before the budget ends and before their lease does, so each
         // job is reported before the sweeper could hand it to another worker.
-        const stopAt = Math.min(
-          deadline,
-          batchStarted + options.leaseSeconds * 1000 - LEASE_MARGIN_MS,
-        );
+        const stopAt = Math.min(deadline, batchStarted + shortestLeaseMs(jobs) - LEASE_MARGIN_MS);
         await runBatch(jobs, stopAt - now(), options, log, summary);
         slowestBatchMs = Math.max(slowestBatchMs, now() - batchStarted);
         if (jobs.length === options.batchSize) stillFull.push(queue);
       }
       active = stillFull;
     }
-    return summary;
-  } catch (error) {
-    summary.stoppedBy = "error";
+  }
+
+  const done = run().catch((error) => {
+    stop("error");
     summary.error = describe(error);
     return summary;
-  } finally {
+  }).finally(() => {
     summary.elapsedMs = Math.round(now() - started);
-  }
+  });
+
+  return {
+    queues: woken,
+    done,
+    join() {
+      const lingering = drySince !== undefined;
+      if (stopped || !lingering || now() - started > options.timeBudgetMs / 2) return false;
+      summary.wakeUps += 1;
+      joined = true;
+      interruptPause?.abort();
+      return true;
+    },
+  };
+}
+
+/**
+ * The lease the claim gave these jobs, from their rows: the database's clock set both ends,
+ * so the difference holds whatever this machine's clock says.
+ */
+function shortestLeaseMs(jobs: readonly ClaimedJob[]): number {
+  const leases = jobs.map((job) => {
+    const leaseMs = Date.parse(job.locked_until) - Date.parse(job.locked_at);
+    if (!Number.isFinite(leaseMs)) {
+      throw new Error(
+        `claim() returned job ${job.id} without locked_at and locked_until, which set its ` +
+          "time limit: claim() must return whole jobs rows, as the project's migrations have it",
+      );
+    }
+    return leaseMs;
+  });
+  return Math.min(...leases);
+}
+
+function abortableSleep(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    if (signal.aborted) return resolve();
+    const timer = setTimeout(() => {
+      signal.removeEventListener("abort", cut);
+      resolve();
+    }, ms);
+    const cut = () => {
+      clearTimeout(timer);
+      resolve();
+    };
+    signal.addEventListener("abort", cut, { once: true });
+  });
 }
 
 type Outcome = { job: ClaimedJob; error?: unknown };

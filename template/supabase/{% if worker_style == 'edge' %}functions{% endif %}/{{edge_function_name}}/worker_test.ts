@@ -1,8 +1,8 @@
 import assert from "node:assert/strict";
 import { z } from "zod";
 import { defineHandler, type HandlerMap, PermanentError } from "./job.ts";
-import { MemoryQueue } from "./testing.ts";
-import { drain, type DrainOptions, type LogEvent } from "./worker.ts";
+import { FakeClock, MemoryQueue } from "./testing.ts";
+import { type Drain, drain, type DrainOptions, type LogEvent, startDrain } from "./worker.ts";
 
 const ran: number[] = [];
 
@@ -28,7 +28,6 @@ function options(queue: MemoryQueue, overrides: Partial<DrainOptions> = {}): Dra
     handlers,
     workerId: "test-worker",
     batchSize: 3,
-    leaseSeconds: 60,
     timeBudgetMs: 10_000,
     log: () => {},
     ...overrides,
@@ -52,7 +51,7 @@ Deno.test("every job runs once and is completed, a batch at a time", async () =>
   assert.deepEqual(queue.claims.map((claim) => claim.maxJobs), [3, 3, 3]);
   assert.deepEqual(queue.claims[0].kinds.sort(), ["boom", "ok", "refused", "slow"]);
   assert.equal(queue.claims[0].worker, "test-worker");
-  assert.equal(queue.claims[0].leaseSeconds, 60);
+  assert.equal(queue.claims[0].leaseSeconds, undefined, "the database's lease applies");
 });
 
 Deno.test("a failing job never stops the batch, and its error is stored", async () => {
@@ -169,16 +168,44 @@ Deno.test("a handler that ignores the abort is abandoned, and the batch goes on"
   assert.equal(summary.retried, 1);
 });
 
-Deno.test("handlers are stopped before their lease runs out", async () => {
+Deno.test("handlers are stopped before the lease their row was given runs out", async () => {
   const queue = new MemoryQueue();
   const slow = queue.add("slow");
-  // A 2.05 s lease leaves 50 ms once the 2 s kept for reporting are taken off.
+  // The database's configured lease: 2.05 s leaves 50 ms once the 2 s kept for reporting are
+  // taken off.
+  queue.leaseSeconds = 2.05;
+  const started = performance.now();
+
+  await drain(["default"], options(queue));
+
+  assert.equal(slow.status, "queued");
+  assert.match(slow.lastError ?? "", /^TimeoutError: the job was still running after \d+ ms/);
+  assert.ok(performance.now() - started < 1000);
+});
+
+Deno.test("a lease set for the worker is asked for, and limits the handlers", async () => {
+  const queue = new MemoryQueue();
+  const slow = queue.add("slow");
   const started = performance.now();
 
   await drain(["default"], options(queue, { leaseSeconds: 2.05 }));
 
+  assert.equal(queue.claims[0].leaseSeconds, 2.05);
   assert.equal(slow.status, "queued");
   assert.ok(performance.now() - started < 1000);
+});
+
+Deno.test("claimed rows without their lease times end the drain with an error that says why", async () => {
+  const queue = new MemoryQueue();
+  queue.add("ok", { n: 1 });
+  const claim = queue.claim.bind(queue);
+  queue.claim = async (claimOptions) =>
+    (await claim(claimOptions)).map((job) => ({ ...job, locked_at: "", locked_until: "" }));
+
+  const summary = await drain(["default"], options(queue));
+
+  assert.equal(summary.stoppedBy, "error");
+  assert.match(summary.error ?? "", /job 1 without locked_at and locked_until/);
 });
 
 Deno.test("each woken queue is drained, in turn", async () => {
@@ -207,4 +234,163 @@ Deno.test("an error from the API ends the drain and is reported", async () => {
 
   assert.equal(summary.stoppedBy, "error");
   assert.match(summary.error ?? "", /connection refused/);
+});
+
+Deno.test("after the queues run dry, the drain lingers and runs jobs that come late", async () => {
+  ran.length = 0;
+  const queue = new MemoryQueue();
+  queue.add("ok", { n: 1 });
+  const clock = new FakeClock();
+  clock.at(300, () => queue.add("ok", { n: 2 }));
+  clock.at(1900, () => queue.add("ok", { n: 3 }));
+
+  const summary = await drain(
+    ["default"],
+    options(queue, { lingerMs: 2000, lingerPollMs: 100, now: clock.now, sleep: clock.sleep }),
+  );
+
+  assert.deepEqual(ran, [1, 2, 3]);
+  assert.equal(summary.completed, 3);
+  assert.equal(summary.stoppedBy, "empty");
+  // A claim every 100 ms; the jobs found at 300 and 1,900 ms each started the window over,
+  // and it ended 2 s after the last one.
+  assert.equal(summary.elapsedMs, 3900);
+  assert.equal(queue.claims.length, 40);
+});
+
+Deno.test("without a linger, the drain stops at the first empty claim", async () => {
+  const queue = new MemoryQueue();
+  queue.add("ok", { n: 1 });
+  const clock = new FakeClock();
+
+  const summary = await drain(
+    ["default"],
+    options(queue, { lingerMs: 0, now: clock.now, sleep: clock.sleep }),
+  );
+
+  assert.equal(summary.stoppedBy, "empty");
+  assert.equal(summary.completed, 1);
+  assert.equal(summary.elapsedMs, 0, "it never paused");
+  assert.equal(queue.claims.length, 1);
+});
+
+Deno.test("the time budget ends a linger", async () => {
+  const queue = new MemoryQueue();
+  const clock = new FakeClock();
+
+  const summary = await drain(
+    ["default"],
+    options(queue, {
+      timeBudgetMs: 1000,
+      lingerMs: 5000,
+      lingerPollMs: 100,
+      now: clock.now,
+      sleep: clock.sleep,
+    }),
+  );
+
+  // Claims at 0, 100, ..., 900 ms; one more pause would reach the end of the budget.
+  assert.equal(summary.stoppedBy, "time budget");
+  assert.equal(summary.elapsedMs, 900);
+  assert.equal(queue.claims.length, 10);
+});
+
+Deno.test("a lingering drain polls every woken queue", async () => {
+  const queue = new MemoryQueue();
+  const clock = new FakeClock();
+  clock.at(500, () => queue.add("ok", { n: 1 }, { queue: "webhooks" }));
+
+  const summary = await drain(
+    ["emails", "webhooks"],
+    options(queue, { lingerMs: 1000, lingerPollMs: 250, now: clock.now, sleep: clock.sleep }),
+  );
+
+  assert.deepEqual(queue.byStatus("done"), [1]);
+  assert.equal(summary.stoppedBy, "empty");
+  assert.equal(summary.elapsedMs, 1500);
+  // Both queues at 0, 250, ..., 1,500 ms.
+  assert.deepEqual(
+    queue.claims.map((claim) => claim.queue),
+    Array.from({ length: 7 }, () => ["emails", "webhooks"]).flat(),
+  );
+});
+
+Deno.test("a wake-up joins a lingering drain, which starts its window over", async () => {
+  const queue = new MemoryQueue();
+  const clock = new FakeClock();
+  const joins: boolean[] = [];
+  const running = startDrain(
+    ["default"],
+    options(queue, { lingerMs: 1000, lingerPollMs: 100, now: clock.now, sleep: clock.sleep }),
+  );
+  clock.at(800, () => joins.push(running.join()));
+  // Past the first window (which ended at 1,000 ms), inside the one the join started.
+  clock.at(1700, () => queue.add("ok", { n: 1 }));
+
+  const summary = await running.done;
+
+  assert.deepEqual(joins, [true]);
+  assert.equal(summary.wakeUps, 2);
+  assert.equal(summary.completed, 1);
+  assert.equal(summary.elapsedMs, 2700);
+  assert.equal(running.join(), false, "a drain that stopped takes no more wake-ups");
+});
+
+Deno.test("a wake-up that joins cuts the drain's pause short", async () => {
+  const queue = new MemoryQueue();
+  const clock = new FakeClock();
+  let pausing: () => void = () => {};
+  const paused = new Promise<void>((resolve) => pausing = resolve);
+  let pauses = 0;
+  // The first pause lasts until something cuts it short; the others pass at once.
+  const sleep = (ms: number, signal: AbortSignal): Promise<void> => {
+    pauses += 1;
+    if (pauses > 1) return clock.sleep(ms);
+    pausing();
+    return new Promise((resolve) => signal.addEventListener("abort", () => resolve()));
+  };
+  const running = startDrain(
+    ["default"],
+    options(queue, { lingerMs: 1000, lingerPollMs: 100, now: clock.now, sleep }),
+  );
+  await paused;
+
+  queue.add("ok", { n: 1 });
+  assert.equal(running.join(), true);
+  const summary = await running.done;
+
+  assert.equal(summary.completed, 1);
+  assert.equal(summary.stoppedBy, "empty");
+});
+
+Deno.test("a drain that is busy, or past half its budget, takes no wake-ups", async () => {
+  const queue = new MemoryQueue();
+  const clock = new FakeClock();
+  queue.add("ok", { n: 1 });
+  const joins: boolean[] = [];
+  const started: { drain?: Drain } = {};
+  const tryJoin = () => {
+    joins.push(started.drain?.join() ?? false);
+  };
+  const joiningHandlers: HandlerMap = { ok: defineHandler(z.object({}), tryJoin) };
+  const running = started.drain = startDrain(
+    ["default"],
+    options(queue, {
+      handlers: joiningHandlers,
+      timeBudgetMs: 10_000,
+      lingerMs: 8000,
+      lingerPollMs: 1000,
+      now: clock.now,
+      sleep: clock.sleep,
+    }),
+  );
+  clock.at(4000, tryJoin);
+  clock.at(6000, tryJoin);
+
+  const summary = await running.done;
+
+  // While its job ran: no. Lingering at 4 s: yes. At 6 s, past half of the 10 s budget: no.
+  assert.deepEqual(joins, [false, true, false]);
+  assert.equal(summary.wakeUps, 2);
+  assert.equal(summary.stoppedBy, "time budget");
 });
