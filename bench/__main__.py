@@ -125,7 +125,7 @@ def _parser() -> argparse.ArgumentParser:
         "local cluster with durable commits. Prints a table, writes JSON.",
         epilog="scenarios: "
         + ", ".join(_known(FULL))
-        + ", finished_rows. Method and latest figures: docs/performance.md",
+        + ". Method and latest figures: docs/performance.md",
     )
     parser.add_argument("--repeats", type=int, default=3, help="runs of each scenario")
     parser.add_argument(
