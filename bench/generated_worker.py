@@ -124,7 +124,7 @@ class Transport:
             # GIL with the benchmark; it stops when its stdin closes (so, with the benchmark).
             code = (
                 "import sys\n"
-                "from tests.support.postgrest import PostgRESTStandIn, make_jwt\n"
+                "from testkit.postgrest import PostgRESTStandIn, make_jwt\n"
                 f"s = PostgRESTStandIn({stack.dsn()!r}, schemas=({SCHEMA!r},), pool_size=8)\n"
                 "s.start()\n"
                 "print(s.url, make_jwt('service_role'), flush=True)\n"
@@ -242,8 +242,8 @@ def wakeup_latency(stack: Stack, samples: int, rate: float) -> dict[str, float]:
     cluster, sends what the enqueue trigger queued. Under a steady stream its worker sends a
     batch, then sleeps up to a second (only the first commit after it woke up cuts that
     sleep short), so its cadence, not the worker, sets most of this figure."""
-    from tests.support.cluster import free_port
-    from tests.support.stack import point_wake_ups, wait_for_pg_net
+    from testkit.cluster import free_port
+    from testkit.stack import point_wake_ups, wait_for_pg_net
 
     reset(stack)
     starts = Path(tempfile.mkstemp(prefix="bench-starts-")[1])

@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.support.project import REPO, render, snapshot_template
+from testkit.project import REPO, render, snapshot_template
 from tests.worker.helpers import python_variants
 
 LOCKS = REPO / "locks"

@@ -7,9 +7,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.support.cluster import Cluster
-from tests.support.project import push_migrations, render, snapshot_template
-from tests.support.stack import start_supabase_like_cluster
+from testkit.cluster import Cluster
+from testkit.project import push_migrations, render, snapshot_template
+from testkit.stack import start_supabase_like_cluster
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.project import REPO, render, run
+from testkit.project import REPO, render, run
 from tests.test_render import VARIANTS, variant_id
 
 ACTIONLINT = REPO / "tests" / "support" / "actionlint.cjs"

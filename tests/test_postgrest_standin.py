@@ -14,8 +14,8 @@ import pytest
 from postgrest.exceptions import APIError
 from supabase import Client, ClientOptions, create_client
 
-from tests.support.cluster import Cluster
-from tests.support.postgrest import JWT_SECRET, PostgRESTStandIn, make_jwt
+from testkit.cluster import Cluster
+from testkit.postgrest import JWT_SECRET, PostgRESTStandIn, make_jwt
 
 # Helpers the tests create in `public` (exposed, default privileges to the API roles).
 HELPERS_SQL = """

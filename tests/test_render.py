@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.project import questions, render, rendered_files, run
+from testkit.project import questions, render, rendered_files, run
 from tests.support.residue import residue
 
 # "}}" alone is ordinary JSON; a leftover Jinja expression or tag always has an opening.

@@ -10,8 +10,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.support.postgrest import JWT_SECRET
-from tests.support.project import render, rendered_files
+from testkit.postgrest import JWT_SECRET
+from testkit.project import render, rendered_files
 from tests.test_render import VARIANTS, variant_id
 
 SECRET_PATTERNS = {

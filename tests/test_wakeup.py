@@ -11,10 +11,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.support.cluster import Cluster
+from testkit.cluster import Cluster
+from testkit.project import render
+from testkit.stack import point_wake_ups, wait_for_pg_net
 from tests.support.http_sink import HttpSink
-from tests.support.project import render
-from tests.support.stack import point_wake_ups, wait_for_pg_net
 from tests.worker.helpers import Installed, Workers, enqueue, job, wait_until
 
 GUC_KEY = "guc-test-key-not-a-real-secret"

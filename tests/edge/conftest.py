@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from deno import find_deno_bin
 
-from tests.support.cluster import Cluster
-from tests.support.postgrest import PostgRESTStandIn
-from tests.support.project import render
+from testkit.cluster import Cluster
+from testkit.postgrest import PostgRESTStandIn
+from testkit.project import render
 
 from .deno_worker import FUNCTION, Deno, EdgeWorker, start_edge_worker, stop_edge_worker
 

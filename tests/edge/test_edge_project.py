@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.project import questions, render, rendered_files
+from testkit.project import questions, render, rendered_files
 
 from .deno_worker import Deno
 

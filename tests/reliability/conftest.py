@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cluster import Cluster
-from tests.support.project import render
+from testkit.cluster import Cluster
+from testkit.project import render
 from tests.worker.helpers import PACKAGE, Installed, Workers
 
 from .harness import CHAOS_HANDLERS

@@ -25,7 +25,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from tests.support.cluster import free_port
+from testkit.cluster import free_port
 
 # Added to a copy of each rendered project as handlers/reliability.py, the way a user adds a
 # handler module. Each kind logs "start", then "raise" or "ok", for every execution.

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import psycopg
 
-from tests.support.cluster import Cluster
+from testkit.cluster import Cluster
 from tests.worker.helpers import enqueue, job
 
 from .conftest import PYTHON, Fleet

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psycopg
 
-from tests.support.cluster import Cluster
+from testkit.cluster import Cluster
 from tests.worker.helpers import job
 
 from .conftest import PYTHON, Fleet

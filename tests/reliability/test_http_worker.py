@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import psycopg
 
-from tests.support.postgrest import make_jwt
+from testkit.postgrest import make_jwt
 from tests.worker.helpers import enqueue, job, wait_until
 
 from .conftest import HTTP, Fleet

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import psycopg
 
-from tests.support.cluster import Cluster
-from tests.support.postgrest import make_jwt
-from tests.support.stack import point_wake_ups, wait_for_pg_net, wake_up_settings
+from testkit.cluster import Cluster
+from testkit.postgrest import make_jwt
+from testkit.stack import point_wake_ups, wait_for_pg_net, wake_up_settings
 
 from .conftest import HTTP, Fleet
 from .harness import (

@@ -14,10 +14,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.support.cluster import Cluster
-from tests.support.postgrest import make_jwt
-from tests.support.project import push_migrations
-from tests.support.stack import (
+from testkit.cluster import Cluster
+from testkit.postgrest import make_jwt
+from testkit.project import push_migrations
+from testkit.stack import (
     point_wake_ups,
     start_supabase_like_cluster,
     wait_for_pg_net,

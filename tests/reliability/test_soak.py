@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psycopg
 
-from tests.support.cluster import Cluster
+from testkit.cluster import Cluster
 from tests.worker.helpers import WorkerProcess, wait_until
 
 from .conftest import PYTHON, Fleet

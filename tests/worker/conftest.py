@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cluster import Cluster
-from tests.support.postgrest import PostgRESTStandIn, make_jwt
+from testkit.cluster import Cluster
+from testkit.postgrest import PostgRESTStandIn, make_jwt
 
 from .helpers import Installed, Workers, install, python_variants, variant_id
 

@@ -19,9 +19,9 @@ import pytest
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from tests.support.cluster import free_port
-from tests.support.project import questions, render, run
-from tests.support.stack import point_wake_ups
+from testkit.cluster import free_port
+from testkit.project import questions, render, run
+from testkit.stack import point_wake_ups
 
 PACKAGE = "my_app"  # the default answers' package name
 SCRIPT = "my-app"  # ... and console script

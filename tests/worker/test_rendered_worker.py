@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.support.project import render, rendered_files, run
+from testkit.project import render, rendered_files, run
 
 from .helpers import (
     PACKAGE,

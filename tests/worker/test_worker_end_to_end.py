@@ -12,8 +12,8 @@ import httpx
 import psycopg
 import pytest
 
-from tests.support.postgrest import make_jwt
-from tests.support.stack import wait_for_pg_net
+from testkit.postgrest import make_jwt
+from testkit.stack import wait_for_pg_net
 
 from .helpers import (
     OTHER_KIND,

@@ -1,4 +1,5 @@
-"""Helpers that carry the template tests: snapshot the template, render it, run commands."""
+"""The template and the projects it renders: snapshot the working tree, render and update
+projects, run commands and the Supabase CLI in them."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import copier
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 SUPABASE_CLI = REPO / "node_modules" / ".bin" / "supabase"
 
 
