@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 
 from testkit.cluster import Cluster
-from testkit.project import render
+from testkit.project import Variant, render, variant
 from tests.worker.helpers import PACKAGE, Installed, Workers
 
 from .harness import CHAOS_HANDLERS
 
-# (worker_style, claim_transport) of the variants this suite drives
-PYTHON = ("python", "postgres")
-HTTP = ("python-http", "postgres")
+# The variants this suite drives
+PYTHON = variant("python", "postgres")
+HTTP = variant("python-http", "postgres")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -35,17 +35,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def chaos_variants(
     template: Path, interpreter: Path, tmp_path_factory: pytest.TempPathFactory
-) -> dict[tuple[str, str], Installed]:
+) -> dict[Variant, Installed]:
     """Each variant this suite drives, rendered with the defaults, its src/ copied with the
     chaos handlers added as handlers/reliability.py."""
     variants = {}
-    for style, transport in (PYTHON, HTTP):
-        root = tmp_path_factory.mktemp(f"{style}-{transport}")
-        path = render(template, root / "project", worker_style=style, claim_transport=transport)
+    for driven in (PYTHON, HTTP):
+        root = tmp_path_factory.mktemp(str(driven))
+        path = render(template, root / "project", **driven.answers)
         src = root / "chaos" / "src"
         shutil.copytree(path / "src", src)
         (src / PACKAGE / "handlers" / "reliability.py").write_text(CHAOS_HANDLERS)
-        variants[style, transport] = Installed(style, transport, path, interpreter, src)
+        variants[driven] = Installed(driven, path, interpreter, src)
     return variants
 
 
@@ -62,7 +62,7 @@ Fleet = Callable[..., Workers]
 
 @pytest.fixture
 def fleet(
-    chaos_variants: dict[tuple[str, str], Installed],
+    chaos_variants: dict[Variant, Installed],
     stack: Cluster,
     audit_dir: Path,
     tmp_path: Path,
@@ -71,7 +71,7 @@ def fleet(
     DB_URL), quiet logs, the chaos handlers logging to audit_dir; all killed at teardown."""
     fleets: list[Workers] = []
 
-    def make(variant: tuple[str, str] = PYTHON, **env: object) -> Workers:
+    def make(variant: Variant = PYTHON, **env: object) -> Workers:
         settings = {
             "DB_URL": stack.dsn(),
             "SERVICE_ROLE_KEY": "unused-by-the-postgres-transport",

@@ -20,7 +20,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from testkit.cluster import free_port
-from testkit.project import questions, render, run
+from testkit.project import Variant, render, run
 from testkit.stack import point_wake_ups
 
 PACKAGE = "my_app"  # the default answers' package name
@@ -69,24 +69,12 @@ async def e2e_probe(payload: Probe, job: JobInfo) -> None:
 OTHER_KIND = "e2e_other"
 
 
-def python_variants() -> list[tuple[str, str]]:
-    """Every (worker_style, claim_transport) pair copier.yml offers for a Python worker."""
-    qs = questions()
-    styles = [s for s in qs["worker_style"]["choices"].values() if s != "edge"]
-    return [(s, t) for s in styles for t in qs["claim_transport"]["choices"].values()]
-
-
-def variant_id(variant: tuple[str, str]) -> str:
-    return "-".join(variant)
-
-
 @dataclass
 class Installed:
     """A rendered project installed (editable, with its dev extras) in a venv of its own, as
     its README says: `uv sync --locked --extra dev`."""
 
-    style: str
-    transport: str
+    variant: Variant
     path: Path
     venv: Path
     # src/ of a copy of the project with the probe handler added (end-to-end tests only)
@@ -94,14 +82,18 @@ class Installed:
 
     @property
     def http(self) -> bool:
-        return self.style == "python-http"
+        return self.variant.http
+
+    @property
+    def transport(self) -> str | None:
+        return self.variant.claim_transport
 
     def bin(self, name: str) -> Path:
         return self.venv / "bin" / name
 
 
-def install(template: Path, root: Path, style: str, transport: str) -> Installed:
-    path = render(template, root / "project", worker_style=style, claim_transport=transport)
+def install(template: Path, root: Path, variant: Variant) -> Installed:
+    path = render(template, root / "project", **variant.answers)
     venv = root / "venv"
     # --locked: the committed uv.lock must match the variant's pyproject.toml as rendered.
     run(
@@ -112,7 +104,7 @@ def install(template: Path, root: Path, style: str, transport: str) -> Installed
     e2e_src = root / "e2e" / "src"
     shutil.copytree(path / "src", e2e_src)
     (e2e_src / PACKAGE / "handlers" / "e2e_probe.py").write_text(PROBE_HANDLER)
-    return Installed(style, transport, path, venv, e2e_src)
+    return Installed(variant, path, venv, e2e_src)
 
 
 def other_service(installed: Installed, root: Path) -> Path:
