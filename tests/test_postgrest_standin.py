@@ -9,13 +9,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import psycopg
 import pytest
 from postgrest.exceptions import APIError
 from supabase import Client, ClientOptions, create_client
 
 from testkit.cluster import Cluster
 from testkit.postgrest import JWT_SECRET, PostgRESTStandIn, make_jwt
+from tests.support.jobs import job
 
 # Helpers the tests create in `public` (exposed, default privileges to the API roles).
 HELPERS_SQL = """
@@ -95,16 +95,6 @@ def post(rest: PostgRESTStandIn, fn: str, body: dict, token: str | None = None, 
         headers["Authorization"] = f"Bearer {token}"
     headers.setdefault("Content-Profile", "pgqueue")
     return httpx.post(f"{rest.url}/rest/v1/rpc/{fn}", json=body, headers=headers, timeout=10)
-
-
-def job(db: psycopg.Connection, job_id: int) -> dict:
-    cur = db.execute(
-        "select status, attempts, lock_token, locked_by from pgqueue.jobs where id = %s",
-        (job_id,),
-    )
-    row = cur.fetchone()
-    assert row is not None, f"job {job_id} does not exist"
-    return dict(zip(("status", "attempts", "lock_token", "locked_by"), row, strict=True))
 
 
 def test_service_role_enqueues_claims_and_completes(rest, db):

@@ -12,6 +12,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from testkit.cluster import Cluster
+from tests.support.jobs import job
 
 
 def enqueue_n(db: psycopg.Connection, n: int, kind: str = "test.noop", **fields) -> list[int]:
@@ -24,11 +25,6 @@ def claim(db: psycopg.Connection, max_jobs: int = 1, **kw) -> list[dict]:
     sql = f"select * from pgqueue.claim('test-worker', %(max_jobs)s{', ' + args if args else ''})"
     with db.cursor(row_factory=psycopg.rows.dict_row) as cur:
         return cur.execute(sql, {"max_jobs": max_jobs, **kw}).fetchall()
-
-
-def job(db: psycopg.Connection, job_id: int) -> dict:
-    with db.cursor(row_factory=psycopg.rows.dict_row) as cur:
-        return cur.execute("select * from pgqueue.jobs where id = %s", (job_id,)).fetchone()
 
 
 def expire_lease(db: psycopg.Connection, job_id: int) -> None:

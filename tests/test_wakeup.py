@@ -15,7 +15,8 @@ from testkit.cluster import Cluster
 from testkit.project import render, variant
 from testkit.stack import point_wake_ups, wait_for_pg_net
 from tests.support.http_sink import HttpSink
-from tests.worker.helpers import Installed, Workers, enqueue, job, wait_until
+from tests.support.jobs import enqueue, job, wait_until
+from tests.support.workers import Installed, Workers
 
 GUC_KEY = "guc-test-key-not-a-real-secret"
 VAULT_KEY = "vault-test-key-not-a-real-secret"

@@ -16,7 +16,7 @@ import pytest
 
 from testkit.cluster import Cluster
 from testkit.project import Variant, render, variant
-from tests.worker.helpers import PACKAGE, Installed, Workers
+from tests.support.workers import PACKAGE, Installed, Workers
 
 from .harness import CHAOS_HANDLERS
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import psycopg
 
 from testkit.cluster import Cluster
-from tests.worker.helpers import enqueue, job
+from tests.support.jobs import enqueue, job
 
 from .conftest import PYTHON, Fleet
 from .harness import Plan, Sweeper, audit, enqueue_plan, executions, figures, wait_drained

@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg
 
 from testkit.cluster import Cluster
-from tests.worker.helpers import job
+from tests.support.jobs import job
 
 from .conftest import PYTHON, Fleet
 from .harness import audit, figures, wait_drained

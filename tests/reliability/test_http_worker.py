@@ -11,7 +11,7 @@ import httpx
 import psycopg
 
 from testkit.postgrest import make_jwt
-from tests.worker.helpers import enqueue, job, wait_until
+from tests.support.jobs import enqueue, job, wait_until
 
 from .conftest import HTTP, Fleet
 from .harness import executions, figures

@@ -23,7 +23,7 @@ from testkit.stack import (
     wait_for_pg_net,
     wake_up_settings,
 )
-from tests.worker.helpers import wait_until
+from tests.support.jobs import wait_until
 
 from .conftest import HTTP, Fleet
 from .harness import (

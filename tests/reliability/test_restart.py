@@ -18,7 +18,7 @@ import pytest
 from testkit.cluster import Cluster
 from testkit.project import push_migrations
 from testkit.stack import start_supabase_like_cluster
-from tests.worker.helpers import wait_until
+from tests.support.jobs import wait_until
 
 from .conftest import PYTHON, Fleet
 from .harness import Execution, Plan, Sweeper, audit, enqueue_plan, figures, wait_drained

@@ -10,7 +10,8 @@ from pathlib import Path
 import psycopg
 
 from testkit.cluster import Cluster
-from tests.worker.helpers import WorkerProcess, wait_until
+from tests.support.jobs import wait_until
+from tests.support.workers import WorkerProcess
 
 from .conftest import PYTHON, Fleet
 from .harness import (

@@ -1,6 +1,6 @@
 """Fixtures for the Python worker's tests: each variant rendered and installed in a venv
-(once per session, all variants in parallel), the PostgREST stand-in in front of the stack,
-and worker processes that are killed whatever happens."""
+(once per session, all variants in parallel), the stack under the names a project reads, and
+worker processes that are killed whatever happens."""
 
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ import pytest
 from testkit.cluster import Cluster
 from testkit.postgrest import PostgRESTStandIn, make_jwt
 from testkit.project import PYTHON_VARIANTS, Variant
-
-from .helpers import Installed, Workers, install
+from tests.support.workers import Installed, Workers, install
 
 
 @pytest.fixture(scope="session")
@@ -35,12 +34,6 @@ def installed(request: pytest.FixtureRequest, installs: dict, stack_env: dict) -
     """A rendered variant installed in its own venv (parametrized over all of them). Asks
     for the stack after `installs`, so the stack starts while uv runs."""
     return installs[request.param].result()
-
-
-@pytest.fixture(scope="session")
-def postgrest(stack: Cluster, project: Path) -> Iterator[PostgRESTStandIn]:
-    with PostgRESTStandIn(stack.dsn()) as api:
-        yield api
 
 
 @pytest.fixture(scope="session")

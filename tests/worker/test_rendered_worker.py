@@ -14,16 +14,8 @@ import psycopg
 import pytest
 
 from testkit.project import PYTHON_VARIANTS, render, rendered_files, run, variant
-
-from .helpers import (
-    PACKAGE,
-    SCRIPT,
-    Installed,
-    Workers,
-    enqueue,
-    job,
-    wait_until,
-)
+from tests.support.jobs import enqueue, job, wait_until
+from tests.support.workers import PACKAGE, SCRIPT, Installed, Workers
 
 
 def test_only_the_variants_files_are_rendered(installed: Installed) -> None:

@@ -15,18 +15,8 @@ import pytest
 from testkit.postgrest import make_jwt
 from testkit.project import PYTHON_VARIANTS, variant
 from testkit.stack import wait_for_pg_net
-
-from .helpers import (
-    OTHER_KIND,
-    Installed,
-    Workers,
-    enqueue,
-    job,
-    other_service,
-    runs,
-    wait_until,
-    wake_to,
-)
+from tests.support.jobs import enqueue, job, runs, wait_until
+from tests.support.workers import OTHER_KIND, Installed, Workers, other_service, wake_to
 
 
 def sweeper(db: psycopg.Connection):

@@ -1,4 +1,6 @@
-"""Helpers for the worker tests: installed variants, worker processes, jobs, waiting."""
+"""Worker processes of rendered projects: each variant installed as its README says, or run
+from its src/ on pytest's interpreter, with test handlers added the way a user adds one;
+processes that are killed whatever happens."""
 
 from __future__ import annotations
 
@@ -8,20 +10,18 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
 import psycopg
 import pytest
-from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
 
 from testkit.cluster import free_port
 from testkit.project import Variant, render, run
 from testkit.stack import point_wake_ups
+
+from .jobs import wait_until
 
 PACKAGE = "my_app"  # the default answers' package name
 SCRIPT = "my-app"  # ... and console script
@@ -121,25 +121,6 @@ def other_service(installed: Installed, root: Path) -> Path:
     return src
 
 
-def wait_until(
-    condition: Callable[[], Any],
-    timeout: float = 20,
-    what: str = "condition",
-    tick: Callable[[], object] | None = None,
-    interval: float = 0.05,
-) -> Any:
-    """Poll `condition` until it returns something truthy; `tick` runs between polls."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if result := condition():
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        if tick is not None:
-            tick()
-        time.sleep(interval)
-
-
 class WorkerProcess:
     """`python -m my_app worker` of an installed variant, its output in a file."""
 
@@ -228,34 +209,3 @@ def wake_to(db: psycopg.Connection, worker: WorkerProcess, key: str) -> None:
     """Point this session's wake-ups (the enqueue trigger, sweep) at `worker`: what
     `alter database postgres set ...` does for a self-hosted project, for one session."""
     point_wake_ups(db, f"{worker.url}/wake", key)
-
-
-def enqueue(
-    db: psycopg.Connection,
-    kind: str = "e2e_probe",
-    max_attempts: int | None = None,
-    **payload: object,
-) -> int:
-    row = db.execute(
-        "select pgqueue.enqueue(%s, %s, max_attempts => %s)",
-        (kind, Jsonb(payload), max_attempts),
-    ).fetchone()
-    assert row is not None
-    return row[0]
-
-
-def job(db: psycopg.Connection, job_id: int) -> dict:
-    with db.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(
-            "select *, run_after - now() as due_in from pgqueue.jobs where id = %s", (job_id,)
-        ).fetchone()
-    assert row is not None, f"job {job_id} is gone"
-    return row
-
-
-def runs(log: Path, job_id: int) -> list[tuple[int, str]]:
-    """(attempt, "start"|"end") for each line the probe wrote for a job."""
-    if not log.exists():
-        return []
-    lines = [json.loads(line) for line in log.read_text().splitlines()]
-    return [(line["attempt"], line["at"]) for line in lines if line["job_id"] == job_id]
