@@ -8,7 +8,6 @@ installs and passes its own checks in a venv of its own.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,10 +15,11 @@ import pytest
 
 from testkit.cluster import Cluster
 from testkit.project import Variant, render, variant
-from tests.support.workers import PACKAGE, Installed, Workers
+from tests.support.workers import HANDLERS, Installed, Workers, with_handlers
 
-from .harness import CHAOS_HANDLERS
-
+# The job kinds this suite runs, in a handler module added to each variant's src/: every
+# execution logs "start", then "raise" or "ok", to a file per worker process in audit_dir.
+CHAOS_HANDLERS = HANDLERS / "reliability.py"
 # The variants this suite drives
 PYTHON = variant("python", "postgres")
 HTTP = variant("python-http", "postgres")
@@ -42,9 +42,7 @@ def chaos_variants(
     for driven in (PYTHON, HTTP):
         root = tmp_path_factory.mktemp(str(driven))
         path = render(template, root / "project", **driven.answers)
-        src = root / "chaos" / "src"
-        shutil.copytree(path / "src", src)
-        (src / PACKAGE / "handlers" / "reliability.py").write_text(CHAOS_HANDLERS)
+        src = with_handlers(path / "src", root / "chaos" / "src", CHAOS_HANDLERS)
         variants[driven] = Installed(driven, path, interpreter, src)
     return variants
 

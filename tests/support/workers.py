@@ -26,43 +26,12 @@ from .jobs import wait_until
 PACKAGE = "my_app"  # the default answers' package name
 SCRIPT = "my-app"  # ... and console script
 
-# The handler the end-to-end tests drive, added to a copy of each rendered project the way a
-# user adds one: a module in handlers/. It appends a line per run to a file, and sleeps or
+# Handler modules the tests add to a copy of a rendered project's src/, the way a user adds
+# one: a module in handlers/.
+HANDLERS = Path(__file__).parent / "handlers"
+# The handler the end-to-end tests drive: it appends a line per run to a file, and sleeps or
 # raises when the payload says so.
-PROBE_HANDLER = '''\
-"""e2e_probe: records each run in a file; sleeps and fails on demand (template tests)."""
-
-from __future__ import annotations
-
-import asyncio
-import json
-from pathlib import Path
-
-from pydantic import BaseModel
-
-from ..registry import JobInfo, handler
-
-
-class Probe(BaseModel):
-    log: str
-    sleep: float = 0
-    sleep_first_attempt_only: bool = False
-    error: str | None = None
-
-
-@handler("e2e_probe", timeout=60)
-async def e2e_probe(payload: Probe, job: JobInfo) -> None:
-    def record(at: str) -> None:
-        with Path(payload.log).open("a") as f:
-            f.write(json.dumps({"job_id": job.id, "attempt": job.attempt, "at": at}) + "\\n")
-
-    record("start")
-    if payload.sleep and (job.attempt == 1 or not payload.sleep_first_attempt_only):
-        await asyncio.sleep(payload.sleep)
-    if payload.error:
-        raise RuntimeError(payload.error)
-    record("end")
-'''
+PROBE = HANDLERS / "e2e_probe.py"
 
 
 # The kind the second service of the shared-queue test handles (and the first does not).
@@ -71,14 +40,14 @@ OTHER_KIND = "e2e_other"
 
 @dataclass
 class Installed:
-    """A rendered project installed (editable, with its dev extras) in a venv of its own, as
-    its README says: `uv sync --locked --extra dev`."""
+    """A rendered project and the venv its workers run in: its own, made as its README says
+    (`uv sync --locked --extra dev`, see install()), or the `interpreter` fixture's."""
 
     variant: Variant
     path: Path
     venv: Path
-    # src/ of a copy of the project with the probe handler added (end-to-end tests only)
-    e2e_src: Path
+    # the src/ its worker processes run from: a copy of the project's with test handlers added
+    src: Path
 
     @property
     def http(self) -> bool:
@@ -101,10 +70,15 @@ def install(template: Path, root: Path, variant: Variant) -> Installed:
         cwd=path,
         env={"UV_PROJECT_ENVIRONMENT": str(venv)},
     )
-    e2e_src = root / "e2e" / "src"
-    shutil.copytree(path / "src", e2e_src)
-    (e2e_src / PACKAGE / "handlers" / "e2e_probe.py").write_text(PROBE_HANDLER)
-    return Installed(variant, path, venv, e2e_src)
+    return Installed(variant, path, venv, with_handlers(path / "src", root / "e2e" / "src", PROBE))
+
+
+def with_handlers(src: Path, dest: Path, *modules: Path) -> Path:
+    """A copy of a project's src/ at `dest`, with handler modules added to its handlers/."""
+    shutil.copytree(src, dest)
+    for module in modules:
+        shutil.copy(module, dest / PACKAGE / "handlers" / module.name)
+    return dest
 
 
 def other_service(installed: Installed, root: Path) -> Path:
@@ -115,8 +89,9 @@ def other_service(installed: Installed, root: Path) -> Path:
     handlers = src / PACKAGE / "handlers"
     for module in handlers.glob("send_*.py"):
         module.unlink()
-    other = PROBE_HANDLER.replace('@handler("e2e_probe"', f'@handler("{OTHER_KIND}"')
-    assert other != PROBE_HANDLER
+    probe = PROBE.read_text()
+    other = probe.replace('@handler("e2e_probe"', f'@handler("{OTHER_KIND}"')
+    assert other != probe
     (handlers / f"{OTHER_KIND}.py").write_text(other)
     return src
 
@@ -132,7 +107,7 @@ class WorkerProcess:
         self._log_file = log.open("w")
         self.proc = subprocess.Popen(
             [installed.bin("python"), "-m", PACKAGE, "worker"],
-            env={**os.environ, **env, "PYTHONPATH": str(src or installed.e2e_src)},
+            env={**os.environ, **env, "PYTHONPATH": str(src or installed.src)},
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
         )
