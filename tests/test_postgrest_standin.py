@@ -92,7 +92,7 @@ READ_VIEWS = ("stats", "unclaimed", "dead_letters")
 
 
 @pytest.fixture(scope="module")
-def rest(postgrest: PostgRESTStandIn, stack: Cluster) -> Iterator[PostgRESTStandIn]:
+def standin(postgrest: PostgRESTStandIn, stack: Cluster) -> Iterator[PostgRESTStandIn]:
     """The session's stand-in, with the helper functions in `public`."""
     with stack.connect(autocommit=True) as conn:
         conn.execute(HELPERS_DROP)
@@ -102,18 +102,18 @@ def rest(postgrest: PostgRESTStandIn, stack: Cluster) -> Iterator[PostgRESTStand
         conn.execute(HELPERS_DROP)
 
 
-def client(rest: PostgRESTStandIn, role: str = "service_role", **claims) -> Client:
+def client(standin: PostgRESTStandIn, role: str = "service_role", **claims) -> Client:
     """supabase-py as the generated code makes it, with a key for `role`."""
     return create_client(
-        rest.url, make_jwt(role, **claims), options=ClientOptions(schema="pgqueue")
+        standin.url, make_jwt(role, **claims), options=ClientOptions(schema="pgqueue")
     )
 
 
-def post(rest: PostgRESTStandIn, fn: str, body: object, token: str | None = None, **headers):
+def post(standin: PostgRESTStandIn, fn: str, body: object, token: str | None = None, **headers):
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
     headers.setdefault("Content-Profile", "pgqueue")
-    return httpx.post(f"{rest.url}/rest/v1/rpc/{fn}", json=body, headers=headers, timeout=10)
+    return httpx.post(f"{standin.url}/rest/v1/rpc/{fn}", json=body, headers=headers, timeout=10)
 
 
 def service_role() -> str:
@@ -128,8 +128,8 @@ def public() -> dict[str, str]:
 # --- RPC and its shapes -------------------------------------------------------------------
 
 
-def test_rpc_answers_in_the_shape_of_what_the_function_returns(rest, db):
-    q = client(rest).schema("pgqueue")
+def test_rpc_answers_in_the_shape_of_what_the_function_returns(standin, db):
+    q = client(standin).schema("pgqueue")
     # bigint -> a JSON number
     job_id = q.rpc("enqueue", {"kind": "email", "payload": {"to": "a@example.com"}}).execute()
     assert isinstance(job_id.data, int)
@@ -179,19 +179,19 @@ def test_rpc_answers_in_the_shape_of_what_the_function_returns(rest, db):
     # void -> 204 without a body (supabase-py makes that an empty list)
     checkin = {"worker": "standin-w1", "queue": "default", "kinds": ["email"]}
     assert q.rpc("checkin", checkin).execute().data == []
-    response = post(rest, "checkin", {**checkin, "kinds": ["sms"]}, service_role())
+    response = post(standin, "checkin", {**checkin, "kinds": ["sms"]}, service_role())
     assert (response.status_code, response.content) == (204, b"")
     checked_in = db.execute("select kinds from pgqueue.workers where worker = 'standin-w1'")
     assert checked_in.fetchall() == [(["sms"],)]
     # nothing left to claim: an empty array, not null
     assert q.rpc("claim", {"worker": "w1", "kinds": ["email"]}).execute().data == []
     # one row of OUT parameters -> an object
-    pub = client(rest).schema("public")
+    pub = client(standin).schema("public")
     assert pub.rpc("standin_pair", {"x": 4}).execute().data == {"doubled": 8, "label": "n4"}
 
 
-def test_arrays_become_postgres_arrays_and_defaults_apply_to_arguments_left_out(rest, db):
-    q = client(rest).schema("pgqueue")
+def test_arrays_become_postgres_arrays_and_defaults_apply_to_arguments_left_out(standin, db):
+    q = client(standin).schema("pgqueue")
     ids = q.rpc("enqueue_many", {"jobs": [{"kind": "a"}, {"kind": "b"}, {"kind": "a"}]})
     ids = ids.execute().data
     claimed = q.rpc("claim", {"worker": "w", "max_jobs": 10, "kinds": ["a"]}).execute().data
@@ -213,13 +213,13 @@ def test_arrays_become_postgres_arrays_and_defaults_apply_to_arguments_left_out(
     ).execute()
     assert done.data == [claimed[0]["id"]]
     assert job(db, claimed[1]["id"])["status"] == "running"
-    pub = client(rest).schema("public")
+    pub = client(standin).schema("public")
     assert pub.rpc("standin_add", {"a": 1}).execute().data == 11
     assert pub.rpc("standin_add", {"a": 1, "b": 2}).execute().data == 3
 
 
-def test_rpc_errors_keep_the_sqlstate_and_roll_back(rest, db):
-    sb = client(rest)
+def test_rpc_errors_keep_the_sqlstate_and_roll_back(standin, db):
+    sb = client(standin)
     with pytest.raises(APIError) as err:
         sb.schema("public").rpc("standin_log_then_fail", {"note": "n1"}).execute()
     assert err.value.json() == {
@@ -229,9 +229,9 @@ def test_rpc_errors_keep_the_sqlstate_and_roll_back(rest, db):
         "message": "refused: n1",
     }
     assert db.execute("select count(*) from public.standin_log").fetchone() == (0,)
-    response = post(rest, "standin_log_then_fail", {"note": "n2"}, service_role(), **public())
+    response = post(standin, "standin_log_then_fail", {"note": "n2"}, service_role(), **public())
     assert (response.status_code, response.json()["code"]) == (400, "P0001")
-    response = post(rest, "standin_unique", {}, service_role(), **public())
+    response = post(standin, "standin_unique", {}, service_role(), **public())
     assert (response.status_code, response.json()["code"]) == (409, "23505")
     # the queue's own refusals, and values Postgres cannot cast to the parameter's type
     q = sb.schema("pgqueue")
@@ -244,20 +244,20 @@ def test_rpc_errors_keep_the_sqlstate_and_roll_back(rest, db):
     with pytest.raises(APIError) as err:
         q.rpc("complete", {"job_id": 1, "lock_token": "not-a-uuid"}).execute()
     assert err.value.code == "22P02"
-    response = post(rest, "enqueue_many", {"jobs": {"kind": "x"}}, service_role())
+    response = post(standin, "enqueue_many", {"jobs": {"kind": "x"}}, service_role())
     assert (response.status_code, response.json()["code"]) == (400, "22023")
     assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (0,)
 
 
-def test_a_stable_function_runs_read_only(rest):
-    pub = client(rest).schema("public")
+def test_a_stable_function_runs_read_only(standin):
+    pub = client(standin).schema("public")
     with pytest.raises(APIError) as err:
         pub.rpc("standin_next_in_a_stable_function", {}).execute()
     assert (err.value.code, err.value.message) == (
         "25006",
         "cannot execute nextval() in a read-only transaction",
     )
-    response = post(rest, "standin_next_in_a_stable_function", {}, service_role(), **public())
+    response = post(standin, "standin_next_in_a_stable_function", {}, service_role(), **public())
     assert response.status_code == 405
     me = pub.rpc("standin_whoami", {}).execute().data  # volatile: read-write
     assert me["read_only"] == "off"
@@ -282,15 +282,15 @@ def test_a_stable_function_runs_read_only(rest):
         ("XX000", 500),
     ],
 )
-def test_http_status_from_the_sqlstate(rest, sqlstate, status):
+def test_http_status_from_the_sqlstate(standin, sqlstate, status):
     """PostgREST's table, for the SQLSTATE classes the stand-in maps."""
-    response = post(rest, "standin_raise", {"sqlstate": sqlstate}, service_role(), **public())
+    response = post(standin, "standin_raise", {"sqlstate": sqlstate}, service_role(), **public())
     assert response.status_code == status
     assert response.json()["code"] == sqlstate
 
 
-def test_no_function_with_those_arguments_is_404_and_two_are_300(rest):
-    q = client(rest).schema("pgqueue")
+def test_no_function_with_those_arguments_is_404_and_two_are_300(standin):
+    q = client(standin).schema("pgqueue")
     with pytest.raises(APIError) as err:
         q.rpc("no_such_function", {"a": 1}).execute()
     assert err.value.code == "PGRST202"
@@ -307,18 +307,18 @@ def test_no_function_with_those_arguments_is_404_and_two_are_300(rest):
     assert err.value.code == "PGRST202"
     # a function of another exposed schema is not found in this one
     with pytest.raises(APIError) as err:
-        client(rest).schema("public").rpc("claim", {"worker": "w"}).execute()
+        client(standin).schema("public").rpc("claim", {"worker": "w"}).execute()
     assert err.value.code == "PGRST202"
-    response = post(rest, "standin_twin", {"a": 1}, service_role(), **public())
+    response = post(standin, "standin_twin", {"a": 1}, service_role(), **public())
     assert (response.status_code, response.json()["code"]) == (300, "PGRST203")
 
 
-def test_a_schema_that_is_not_exposed_is_406(rest):
+def test_a_schema_that_is_not_exposed_is_406(standin):
     with pytest.raises(APIError) as err:
-        client(rest).schema("vault").rpc("create_secret", {"new_secret": "s"}).execute()
+        client(standin).schema("vault").rpc("create_secret", {"new_secret": "s"}).execute()
     assert err.value.code == "PGRST106"
     response = httpx.get(
-        f"{rest.url}/rest/v1/jobs",
+        f"{standin.url}/rest/v1/jobs",
         headers={"Accept-Profile": "auth", "Authorization": f"Bearer {service_role()}"},
         timeout=10,
     )
@@ -336,16 +336,16 @@ def test_a_database_it_cannot_reach_is_503_pgrst000() -> None:
 # --- the role switch ----------------------------------------------------------------------
 
 
-def test_the_tokens_role_is_switched_to_and_its_claims_are_set(rest):
+def test_the_tokens_role_is_switched_to_and_its_claims_are_set(standin):
     sub = "11111111-1111-1111-1111-111111111111"
-    me = client(rest, "authenticated", sub=sub).schema("public")
+    me = client(standin, "authenticated", sub=sub).schema("public")
     me = me.rpc("standin_whoami", {"note": "hi"}).execute().data
     assert me["current_user"] == "authenticated"
     assert (me["claims"]["role"], me["claims"]["sub"]) == ("authenticated", sub)
     assert (me["auth_role"], me["auth_uid"]) == ("authenticated", sub)
     assert me["search_path"] == '"public", "extensions"'
     assert me["note"] == "hi"
-    them = client(rest).schema("public").rpc("standin_whoami", {}).execute().data
+    them = client(standin).schema("public").rpc("standin_whoami", {}).execute().data
     assert (them["current_user"], them["auth_role"], them["auth_uid"]) == (
         "service_role",
         "service_role",
@@ -353,20 +353,20 @@ def test_the_tokens_role_is_switched_to_and_its_claims_are_set(rest):
     )
     # no token: anon
     response = httpx.post(
-        f"{rest.url}/rest/v1/rpc/standin_whoami", json={}, headers=public(), timeout=10
+        f"{standin.url}/rest/v1/rpc/standin_whoami", json={}, headers=public(), timeout=10
     )
     assert response.json()["current_user"] == "anon"
 
 
 @pytest.mark.parametrize("role", ["anon", "authenticated"])
-def test_api_roles_are_refused_every_queue_function_and_view(rest, db, role):
-    q = client(rest, role).schema("pgqueue")
+def test_api_roles_are_refused_every_queue_function_and_view(standin, db, role):
+    q = client(standin, role).schema("pgqueue")
     for fn, args in QUEUE_CALLS.items():
         with pytest.raises(APIError) as err:
             q.rpc(fn, args).execute()
         assert err.value.code == "42501", (fn, err.value.json())
         assert "permission denied" in (err.value.message or ""), fn
-        response = post(rest, fn, args, make_jwt(role))
+        response = post(standin, fn, args, make_jwt(role))
         assert response.status_code == (401 if role == "anon" else 403), fn
     for view in READ_VIEWS:
         with pytest.raises(APIError) as err:
@@ -375,16 +375,16 @@ def test_api_roles_are_refused_every_queue_function_and_view(rest, db, role):
     assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (0,)
 
 
-def test_without_a_token_the_queue_is_refused_as_anon(rest, db):
-    response = post(rest, "enqueue", {"kind": "x"})
+def test_without_a_token_the_queue_is_refused_as_anon(standin, db):
+    response = post(standin, "enqueue", {"kind": "x"})
     assert (response.status_code, response.json()["code"]) == (401, "42501")
     assert response.headers["www-authenticate"] == "Bearer"
     assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (0,)
 
 
-def test_bad_tokens_are_401_pgrst301(rest, db):
+def test_bad_tokens_are_401_pgrst301(standin, db):
     forged = make_jwt("service_role", secret="another-secret-that-is-at-least-32-chars")
-    sb = create_client(rest.url, forged, options=ClientOptions(schema="pgqueue"))
+    sb = create_client(standin.url, forged, options=ClientOptions(schema="pgqueue"))
     with pytest.raises(APIError) as err:
         sb.schema("pgqueue").rpc("enqueue", {"kind": "x"}).execute()
     assert err.value.code == "PGRST301"
@@ -394,23 +394,23 @@ def test_bad_tokens_are_401_pgrst301(rest, db):
         (expired, "JWT expired"),
         ("not-a-jwt", None),
     ]:
-        response = post(rest, "enqueue", {"kind": "x"}, token)
+        response = post(standin, "enqueue", {"kind": "x"}, token)
         assert response.status_code == 401, token
         body = response.json()
         assert set(body) == {"code", "details", "hint", "message"}
         assert body["code"] == "PGRST301"
         assert message is None or body["message"] == message
         assert "invalid_token" in response.headers["www-authenticate"]
-    response = post(rest, "enqueue", {"kind": "x"}, Authorization=f"Basic {service_role()}")
+    response = post(standin, "enqueue", {"kind": "x"}, Authorization=f"Basic {service_role()}")
     assert (response.status_code, response.json()["code"]) == (401, "PGRST301")
     assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (0,)
 
 
-def test_roles_the_login_role_cannot_become_are_refused(rest):
+def test_roles_the_login_role_cannot_become_are_refused(standin):
     # authenticator is not a member of postgres: the database refuses the switch
-    response = post(rest, "enqueue", {"kind": "x"}, make_jwt("postgres"))
+    response = post(standin, "enqueue", {"kind": "x"}, make_jwt("postgres"))
     assert (response.status_code, response.json()["code"]) == (403, "42501")
-    response = post(rest, "enqueue", {"kind": "x"}, make_jwt("nobody_at_all"))
+    response = post(standin, "enqueue", {"kind": "x"}, make_jwt("nobody_at_all"))
     assert (response.status_code, response.json()["code"]) == (401, "22023")
 
 
@@ -425,8 +425,8 @@ def test_make_jwt_is_shaped_like_the_local_stacks_keys():
 # --- reads --------------------------------------------------------------------------------
 
 
-def test_reads_of_the_views_with_select_order_and_limit(rest, db):
-    q = client(rest).schema("pgqueue")
+def test_reads_of_the_views_with_select_order_and_limit(standin, db):
+    q = client(standin).schema("pgqueue")
     q.rpc(
         "enqueue_many",
         {"jobs": [{"kind": "a"}, {"kind": "a"}, {"kind": "b"}, {"kind": "c", "queue": "q2"}]},
@@ -454,8 +454,8 @@ def test_reads_of_the_views_with_select_order_and_limit(rest, db):
     assert rows == [{"kind": "c", "jobs": 1}, {"kind": "b", "jobs": 1}, {"kind": "a", "jobs": 2}]
 
 
-def test_read_errors(rest):
-    q = client(rest).schema("pgqueue")
+def test_read_errors(standin):
+    q = client(standin).schema("pgqueue")
     with pytest.raises(APIError) as err:
         q.table("no_such_view").select("*").execute()
     assert err.value.code == "PGRST205"
@@ -463,7 +463,7 @@ def test_read_errors(rest):
         q.table("stats").select("no_such_column").execute()
     assert err.value.code == "42703"
     response = httpx.get(
-        f"{rest.url}/rest/v1/stats?order=kind.sideways",
+        f"{standin.url}/rest/v1/stats?order=kind.sideways",
         headers={"Accept-Profile": "pgqueue", "Authorization": f"Bearer {service_role()}"},
         timeout=10,
     )
@@ -473,8 +473,8 @@ def test_read_errors(rest):
 # --- what is not served ---------------------------------------------------------------------
 
 
-def test_what_the_generated_code_does_not_call_is_refused_with_501(rest, db):
-    q = client(rest).schema("pgqueue")
+def test_what_the_generated_code_does_not_call_is_refused_with_501(standin, db):
+    q = client(standin).schema("pgqueue")
     not_served = {
         "a filter": q.table("stats").select("*").eq("kind", "a"),
         "offset": q.table("stats").select("*").offset(1),
@@ -498,11 +498,11 @@ def test_what_the_generated_code_does_not_call_is_refused_with_501(rest, db):
 # --- under load ---------------------------------------------------------------------------
 
 
-def test_concurrent_clients_claim_each_job_once(rest, db):
+def test_concurrent_clients_claim_each_job_once(standin, db):
     """16 supabase-py workers claim and complete one job at a time through the stand-in: each
     request is its own transaction, on a connection of the pool."""
     total = 800
-    q = client(rest).schema("pgqueue")
+    q = client(standin).schema("pgqueue")
     ids = q.rpc("enqueue_many", {"jobs": [{"kind": "load"}] * total}).execute().data
     completed: list[int] = []
     errors: list[BaseException] = []
@@ -510,7 +510,7 @@ def test_concurrent_clients_claim_each_job_once(rest, db):
 
     def worker(n: int) -> None:
         try:
-            wq = client(rest).schema("pgqueue")
+            wq = client(standin).schema("pgqueue")
             while True:
                 rows = wq.rpc("claim", {"worker": f"w{n}"}).execute().data
                 if not rows:
