@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,31 +31,8 @@ import psycopg
 from .queue_sql import percentile, reset
 from .stack import REPO, SCHEMA, Stack, pip_install_editable
 
-HANDLER = '''\
-"""noop: a job that does nothing, for the template's benchmark (bench/run adds this file)."""
-
-from __future__ import annotations
-
-import os
-import time
-
-from pydantic import BaseModel
-
-from ..registry import JobInfo, handler
-
-_STARTS = os.environ.get("BENCH_HANDLER_STARTS")
-
-
-class NoopPayload(BaseModel):
-    n: int = 0
-
-
-@handler("noop")
-async def noop(payload: NoopPayload, job: JobInfo) -> None:
-    if _STARTS:  # the latency scenario: when did this job's handler start?
-        with open(_STARTS, "a") as f:
-            f.write(f"{job.id} {time.time()}\\n")
-'''
+# The job kind: a handler module added to each rendered project's handlers/, as a user adds one.
+NOOP_HANDLER = Path(__file__).parent / "handlers" / "bench_noop.py"
 
 # What the drain figures run with: big batches, many jobs in flight (the defaults, 10 and
 # 10, suit slow handlers; a no-op handler shows the machinery's own ceiling).
@@ -69,7 +47,7 @@ def install(projects: dict[str, Path]) -> dict[str, str | None]:
     for name, project in projects.items():
         handlers = project / "src" / f"bench_{name}" / "handlers"
         if handlers.is_dir():
-            (handlers / "bench_noop.py").write_text(HANDLER)
+            shutil.copy(NOOP_HANDLER, handlers / NOOP_HANDLER.name)
             why[name] = None
         else:
             why[name] = f"the rendered project has no {handlers.relative_to(project)}"
@@ -124,7 +102,7 @@ class Transport:
             # GIL with the benchmark; it stops when its stdin closes (so, with the benchmark).
             code = (
                 "import sys\n"
-                "from tests.support.postgrest import PostgRESTStandIn, make_jwt\n"
+                "from testkit.postgrest import PostgRESTStandIn, make_jwt\n"
                 f"s = PostgRESTStandIn({stack.dsn()!r}, schemas=({SCHEMA!r},), pool_size=8)\n"
                 "s.start()\n"
                 "print(s.url, make_jwt('service_role'), flush=True)\n"
@@ -242,8 +220,8 @@ def wakeup_latency(stack: Stack, samples: int, rate: float) -> dict[str, float]:
     cluster, sends what the enqueue trigger queued. Under a steady stream its worker sends a
     batch, then sleeps up to a second (only the first commit after it woke up cuts that
     sleep short), so its cadence, not the worker, sets most of this figure."""
-    from tests.support.cluster import free_port
-    from tests.support.stack import point_wake_ups, wait_for_pg_net
+    from testkit.cluster import free_port
+    from testkit.stack import point_wake_ups, wait_for_pg_net
 
     reset(stack)
     starts = Path(tempfile.mkstemp(prefix="bench-starts-")[1])

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import psycopg
 
-from tests.support.project import push_migrations, render
-from tests.support.stack import point_wake_ups, start_supabase_like_cluster, wait_for_pg_net
+from testkit.project import push_migrations, render
+from testkit.stack import point_wake_ups, start_supabase_like_cluster, wait_for_pg_net
 
 KEY = "health-test-key-0123456789"
 

@@ -1,8 +1,9 @@
-"""The test stack: a real PostgreSQL 15 cluster shaped like a Supabase database.
+"""The stack tests and benchmarks run on: a real PostgreSQL 15 cluster shaped like a Supabase
+database.
 
 Real: PostgreSQL, pg_cron, pg_net and Supabase Vault (all three preloaded), pgTAP,
-plpgsql_check. Stand-in (this folder only, never in a generated project): the Supabase
-baseline roles and schemas.
+plpgsql_check. Stand-in (testkit/sql/, never in a generated project): the Supabase baseline
+roles and schemas.
 """
 
 from __future__ import annotations
