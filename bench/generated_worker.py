@@ -15,6 +15,7 @@ import importlib
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,31 +28,8 @@ import psycopg
 from .queue_sql import percentile, reset
 from .stack import REPO, SCHEMA, Stack, pip_install_editable
 
-HANDLER = '''\
-"""noop: a job that does nothing, for the template's benchmark (bench/run adds this file)."""
-
-from __future__ import annotations
-
-import os
-import time
-
-from pydantic import BaseModel
-
-from ..registry import JobInfo, handler
-
-_STARTS = os.environ.get("BENCH_HANDLER_STARTS")
-
-
-class NoopPayload(BaseModel):
-    n: int = 0
-
-
-@handler("noop")
-async def noop(payload: NoopPayload, job: JobInfo) -> None:
-    if _STARTS:  # the latency scenario: when did this job's handler start?
-        with open(_STARTS, "a") as f:
-            f.write(f"{job.id} {time.time()}\\n")
-'''
+# The job kind: a handler module added to each rendered project's handlers/, as a user adds one.
+NOOP_HANDLER = Path(__file__).parent / "handlers" / "bench_noop.py"
 
 # What the drain figures run with: big batches, many jobs in flight (the defaults, 10 and
 # 10, suit slow handlers; a no-op handler shows the machinery's own ceiling).
@@ -66,7 +44,7 @@ def install(projects: dict[str, Path]) -> dict[str, str | None]:
     for name, project in projects.items():
         handlers = project / "src" / f"bench_{name}" / "handlers"
         if handlers.is_dir():
-            (handlers / "bench_noop.py").write_text(HANDLER)
+            shutil.copy(NOOP_HANDLER, handlers / NOOP_HANDLER.name)
             why[name] = None
         else:
             why[name] = f"the rendered project has no {handlers.relative_to(project)}"
@@ -114,7 +92,7 @@ class StandIn:
     def __init__(self, stack: Stack) -> None:
         code = (
             "import sys\n"
-            "from tests.support.postgrest import PostgRESTStandIn, make_jwt\n"
+            "from testkit.postgrest import PostgRESTStandIn, make_jwt\n"
             f"s = PostgRESTStandIn({stack.dsn()!r}, schemas=({SCHEMA!r},), pool_size=8)\n"
             "s.start()\n"
             "print(s.url, make_jwt('service_role'), flush=True)\n"

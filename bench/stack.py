@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.cluster import PG_BIN, Cluster
+from testkit.cluster import PG_BIN, Cluster
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = "pgqueue"
@@ -50,8 +50,8 @@ def start(transports: tuple[str, ...] = ("postgres", "supabase")) -> Stack:
     worker style that pg_net wakes (`http`, `http_supabase`, `edge`), and a database per
     peer."""
     # Imported here: worker processes import this module too, and need no copier.
-    from tests.support.project import push_migrations, render, snapshot_template
-    from tests.support.stack import start_supabase_like_cluster
+    from testkit.project import push_migrations, render, snapshot_template
+    from testkit.stack import start_supabase_like_cluster
 
     cluster = start_supabase_like_cluster(**DURABLE_SETTINGS)
     workdir = Path(tempfile.mkdtemp(prefix="pgqueue-bench-"))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -49,17 +50,8 @@ TARGETS_MS = {
     "wakeup_edge": {"steady_50": 200, "steady_200": 200, "isolated": 200},
 }
 
-EDGE_HANDLER = """\
-// noop: a job that does nothing, for the template's benchmark (bench/run adds this file and
-// its line in mod.ts). It prints when it started; the benchmark reads that from stdout.
-import type { JobHandler } from "../job.ts";
-
-export const benchNoop: JobHandler = (_payload, { job }) => {
-  const at = performance.timeOrigin + performance.now();
-  console.log(JSON.stringify({ event: "bench.start", id: job.id, at }));
-  return Promise.resolve();
-};
-"""
+# The no-op job kind for the edge worker, added to its handlers/ and registered in mod.ts.
+EDGE_HANDLER = Path(__file__).parent / "handlers" / "bench_noop.ts"
 _HANDLERS_LINE = "export const handlers = {"
 
 
@@ -90,7 +82,7 @@ def install_edge(project: Path) -> str | None:
     text = registry.read_text()
     if _HANDLERS_LINE not in text:
         return f"{registry.relative_to(project)} has no line `{_HANDLERS_LINE}`"
-    (handlers / "bench_noop.ts").write_text(EDGE_HANDLER)
+    shutil.copy(EDGE_HANDLER, handlers / EDGE_HANDLER.name)
     registry.write_text(
         text.replace(
             _HANDLERS_LINE,
@@ -110,7 +102,7 @@ def python_http(
 ) -> Figures:
     """The python-http worker of the scenario's project (`python -m <package> worker`, as a
     user starts it), woken by pg_net's POST /wake."""
-    from tests.support.cluster import free_port
+    from testkit.cluster import free_port
 
     name = PROJECTS[scenario]
     reset(stack)
@@ -175,7 +167,7 @@ def _enqueue_shapes(
 ) -> list[tuple[Shape, dict[int, float], dict[int, float]]]:
     """Each shape in turn, from one connection whose wake-ups go to `url`; after each, every
     wake-up must have been sent and answered 202 (one per enqueue: one per INSERT)."""
-    from tests.support.stack import point_wake_ups, wait_for_pg_net
+    from testkit.stack import point_wake_ups, wait_for_pg_net
 
     out = []
     with psycopg.connect(stack.dsn(), autocommit=True) as conn:

@@ -15,16 +15,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.support.project import REPO, render, snapshot_template
-from tests.worker.helpers import python_variants
+from testkit.project import PYTHON_VARIANTS, REPO, Variant, render, snapshot_template
 
 LOCKS = REPO / "locks"
 # The default answers' project name, as uv writes it in the lock.
 DEFAULT_NAME = 'name = "my-app"'
 
 
-def lock_path(style: str, transport: str) -> Path:
-    return LOCKS / f"{style}-{transport}.uv.lock"
+def lock_path(variant: Variant) -> Path:
+    """Where the template's uv.lock includes it from: locks/<worker_style>-<claim_transport>."""
+    return LOCKS / f"{variant.worker_style}-{variant.claim_transport}.uv.lock"
 
 
 def main() -> int:
@@ -32,14 +32,13 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep locked versions (no --upgrade)")
     args = parser.parse_args()
     LOCKS.mkdir(exist_ok=True)
-    for variant in python_variants():
+    for variant in PYTHON_VARIANTS:
         # A variant renders its lock from this file: an empty one until the first `uv lock`.
-        lock_path(*variant).touch()
+        lock_path(variant).touch()
     with tempfile.TemporaryDirectory() as tmp:
         template = snapshot_template(Path(tmp) / "template")
-        for style, transport in python_variants():
-            answers = {"worker_style": style, "claim_transport": transport}
-            project = render(template, Path(tmp) / f"{style}-{transport}", **answers)
+        for variant in PYTHON_VARIANTS:
+            project = render(template, Path(tmp) / str(variant), **variant.answers)
             lock = project / "uv.lock"
             if not lock.read_text().strip():
                 lock.unlink()
@@ -48,11 +47,9 @@ def main() -> int:
             subprocess.run(command, cwd=project, check=True)
             text = lock.read_text()
             if text.count(DEFAULT_NAME) != 1 or re.search(r"{{|{%|{#", text):
-                raise SystemExit(f"{style}-{transport}: cannot template this lock safely")
-            lock_path(style, transport).write_text(
-                text.replace(DEFAULT_NAME, 'name = "{{ project_slug }}"')
-            )
-            print(f"wrote {lock_path(style, transport).relative_to(REPO)}", file=sys.stderr)
+                raise SystemExit(f"{variant}: cannot template this lock safely")
+            lock_path(variant).write_text(text.replace(DEFAULT_NAME, 'name = "{{ project_slug }}"'))
+            print(f"wrote {lock_path(variant).relative_to(REPO)}", file=sys.stderr)
     return 0
 
 

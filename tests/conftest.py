@@ -1,3 +1,8 @@
+"""The fixtures more than one folder of tests uses: the template as it is on disk, the stack
+(one Supabase-like PostgreSQL cluster per session), the default project migrated onto it, a
+connection to its emptied queue, the PostgREST stand-in in front of it, and an interpreter
+that can run any Python variant's worker. Each folder's conftest.py has only its own."""
+
 from __future__ import annotations
 
 import sys
@@ -7,9 +12,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.support.cluster import Cluster
-from tests.support.project import push_migrations, render, snapshot_template
-from tests.support.stack import start_supabase_like_cluster
+from testkit.cluster import Cluster
+from testkit.postgrest import PostgRESTStandIn
+from testkit.project import push_migrations, render, snapshot_template
+from testkit.stack import start_supabase_like_cluster
 
 
 @pytest.fixture(scope="session")
@@ -20,6 +26,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def stack() -> Iterator[Cluster]:
+    """The session's PostgreSQL cluster, shaped like a Supabase database (testkit/stack.py)."""
     cluster = start_supabase_like_cluster()
     yield cluster
     cluster.destroy()
@@ -35,6 +42,14 @@ def project(template: Path, stack: Cluster, tmp_path_factory: pytest.TempPathFac
     with stack.connect(autocommit=True) as conn:
         conn.execute("update cron.job set active = false where jobname = 'pgqueue-sweep'")
     return path
+
+
+@pytest.fixture(scope="session")
+def postgrest(stack: Cluster, project: Path) -> Iterator[PostgRESTStandIn]:
+    """The Data API over the stack (the PostgREST stand-in), logged in as `authenticator` like
+    the real one, in front of the queue the default project migrated."""
+    with PostgRESTStandIn(stack.dsn(user="authenticator")) as api:
+        yield api
 
 
 @pytest.fixture

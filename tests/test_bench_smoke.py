@@ -7,7 +7,7 @@ import json
 import math
 from pathlib import Path
 
-from tests.support.project import REPO, run
+from testkit.project import REPO, run
 
 BENCH = REPO / "bench" / "run"
 SCENARIOS = {

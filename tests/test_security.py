@@ -10,9 +10,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.support.postgrest import JWT_SECRET
-from tests.support.project import render, rendered_files
-from tests.test_render import VARIANTS, variant_id
+from testkit.postgrest import JWT_SECRET
+from testkit.project import VARIANTS, Variant, render, rendered_files
 
 SECRET_PATTERNS = {
     "JWT": re.compile(r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
@@ -38,11 +37,11 @@ def find_secrets(project: Path) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("answers", VARIANTS, ids=variant_id)
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
 def test_no_rendered_file_holds_a_key_token_or_password(
-    template: Path, tmp_path: Path, answers: dict
+    template: Path, tmp_path: Path, variant: Variant
 ) -> None:
-    project = render(template, tmp_path / "app", **answers)
+    project = render(template, tmp_path / "app", **variant.answers)
     assert find_secrets(project) == []
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from tests.support.cluster import Cluster
-from tests.support.project import SUPABASE_CLI, push_migrations, render, run, supabase
-from tests.support.stack import start_supabase_like_cluster
+from testkit.cluster import Cluster
+from testkit.project import SUPABASE_CLI, push_migrations, render, run, supabase
+from testkit.stack import start_supabase_like_cluster
 
 
 def migration_versions(project: Path) -> list[str]:

@@ -18,8 +18,8 @@ import pytest
 import yaml
 from psycopg.types.json import Jsonb
 
-from tests.support.cluster import free_port
-from tests.support.project import (
+from testkit.cluster import free_port
+from testkit.project import (
     commit_everything,
     push_migrations,
     release_refs,
@@ -31,7 +31,7 @@ from tests.support.project import (
     supabase,
     update,
 )
-from tests.support.stack import start_supabase_like_cluster
+from testkit.stack import start_supabase_like_cluster
 
 GIT = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com"]
 MIGRATIONS = "template/supabase/migrations"

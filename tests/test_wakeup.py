@@ -11,11 +11,12 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.support.cluster import Cluster
+from testkit.cluster import Cluster
+from testkit.project import render, variant
+from testkit.stack import point_wake_ups, wait_for_pg_net
 from tests.support.http_sink import HttpSink
-from tests.support.project import render
-from tests.support.stack import point_wake_ups, wait_for_pg_net
-from tests.worker.helpers import Installed, Workers, enqueue, job, wait_until
+from tests.support.jobs import enqueue, job, wait_until
+from tests.support.workers import Installed, Workers
 
 GUC_KEY = "guc-test-key-not-a-real-secret"
 VAULT_KEY = "vault-test-key-not-a-real-secret"
@@ -38,13 +39,9 @@ def vault_sink() -> Iterator[HttpSink]:
 def http_project(template: Path, interpreter: Path, tmp_path_factory) -> Installed:
     """A python-http project (postgres transport) rendered with the defaults; its worker runs
     from its src/ on pytest's interpreter."""
-    path = render(
-        template,
-        tmp_path_factory.mktemp("http") / "project",
-        worker_style="python-http",
-        claim_transport="postgres",
-    )
-    return Installed("python-http", "postgres", path, interpreter, path / "src")
+    http = variant("python-http", "postgres")
+    path = render(template, tmp_path_factory.mktemp("http") / "project", **http.answers)
+    return Installed(http, path, interpreter, path / "src")
 
 
 @pytest.fixture

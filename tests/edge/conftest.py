@@ -1,5 +1,5 @@
-"""Fixtures for the Edge Function worker: Deno, a rendered edge project, the PostgREST
-stand-in in front of the test stack, and the function itself under `deno run`."""
+"""Fixtures for the Edge Function worker: Deno, a rendered edge project, and the function
+itself under `deno run`, talking to the PostgREST stand-in (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 from deno import find_deno_bin
 
-from tests.support.cluster import Cluster
-from tests.support.postgrest import PostgRESTStandIn
-from tests.support.project import render
+from testkit.postgrest import PostgRESTStandIn
+from testkit.project import render
 
 from .deno_worker import FUNCTION, Deno, EdgeWorker, start_edge_worker, stop_edge_worker
 
@@ -33,13 +32,6 @@ def edge_project(template: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 @pytest.fixture(scope="session")
 def function_dir(edge_project: Path) -> Path:
     return edge_project / "supabase" / "functions" / FUNCTION
-
-
-@pytest.fixture(scope="session")
-def postgrest(stack: Cluster, project: Path) -> Iterator[PostgRESTStandIn]:
-    """The Data API (RPC) over the test stack, whose queue the default project migrated."""
-    with PostgRESTStandIn(stack.dsn()) as api:
-        yield api
 
 
 @pytest.fixture(scope="module")

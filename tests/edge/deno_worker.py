@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from tests.support.postgrest import PostgRESTStandIn, make_jwt
+from testkit.postgrest import PostgRESTStandIn, make_jwt
 
 FUNCTION = "job-worker"
 # Settings the worker reads; the outer environment must not leak into the function's.

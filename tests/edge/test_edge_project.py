@@ -10,14 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.project import questions, render, rendered_files
+from testkit.project import choices, render, rendered_files
 
 from .deno_worker import Deno
 
-STYLES = list(questions()["worker_style"]["choices"].values())
 
-
-@pytest.mark.parametrize("style", STYLES)
+@pytest.mark.parametrize("style", choices("worker_style"))
 def test_only_the_edge_style_has_a_function(template: Path, tmp_path: Path, style: str) -> None:
     project = render(template, tmp_path / "app", worker_style=style)
     config = tomllib.loads((project / "supabase" / "config.toml").read_text())

@@ -14,9 +14,9 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from testkit.postgrest import PostgRESTStandIn
+from testkit.stack import point_wake_ups, wait_for_pg_net
 from tests.support.http_sink import HttpSink
-from tests.support.postgrest import PostgRESTStandIn
-from tests.support.stack import point_wake_ups, wait_for_pg_net
 
 from .deno_worker import Deno, EdgeWorker, SlowReceiver, start_edge_worker, stop_edge_worker
 

@@ -8,21 +8,21 @@ installs and passes its own checks in a venv of its own.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.cluster import Cluster
-from tests.support.project import render
-from tests.worker.helpers import PACKAGE, Installed, Workers
+from testkit.cluster import Cluster
+from testkit.project import Variant, render, variant
+from tests.support.workers import HANDLERS, Installed, Workers, with_handlers
 
-from .harness import CHAOS_HANDLERS
-
-# (worker_style, claim_transport) of the variants this suite drives
-PYTHON = ("python", "postgres")
-HTTP = ("python-http", "postgres")
+# The job kinds this suite runs, in a handler module added to each variant's src/: every
+# execution logs "start", then "raise" or "ok", to a file per worker process in audit_dir.
+CHAOS_HANDLERS = HANDLERS / "reliability.py"
+# The variants this suite drives
+PYTHON = variant("python", "postgres")
+HTTP = variant("python-http", "postgres")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -35,17 +35,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def chaos_variants(
     template: Path, interpreter: Path, tmp_path_factory: pytest.TempPathFactory
-) -> dict[tuple[str, str], Installed]:
+) -> dict[Variant, Installed]:
     """Each variant this suite drives, rendered with the defaults, its src/ copied with the
     chaos handlers added as handlers/reliability.py."""
     variants = {}
-    for style, transport in (PYTHON, HTTP):
-        root = tmp_path_factory.mktemp(f"{style}-{transport}")
-        path = render(template, root / "project", worker_style=style, claim_transport=transport)
-        src = root / "chaos" / "src"
-        shutil.copytree(path / "src", src)
-        (src / PACKAGE / "handlers" / "reliability.py").write_text(CHAOS_HANDLERS)
-        variants[style, transport] = Installed(style, transport, path, interpreter, src)
+    for driven in (PYTHON, HTTP):
+        root = tmp_path_factory.mktemp(str(driven))
+        path = render(template, root / "project", **driven.answers)
+        src = with_handlers(path / "src", root / "chaos" / "src", CHAOS_HANDLERS)
+        variants[driven] = Installed(driven, path, interpreter, src)
     return variants
 
 
@@ -62,7 +60,7 @@ Fleet = Callable[..., Workers]
 
 @pytest.fixture
 def fleet(
-    chaos_variants: dict[tuple[str, str], Installed],
+    chaos_variants: dict[Variant, Installed],
     stack: Cluster,
     audit_dir: Path,
     tmp_path: Path,
@@ -71,7 +69,7 @@ def fleet(
     DB_URL), quiet logs, the chaos handlers logging to audit_dir; all killed at teardown."""
     fleets: list[Workers] = []
 
-    def make(variant: tuple[str, str] = PYTHON, **env: object) -> Workers:
+    def make(variant: Variant = PYTHON, **env: object) -> Workers:
         settings = {
             "DB_URL": stack.dsn(),
             "SERVICE_ROLE_KEY": "unused-by-the-postgres-transport",

@@ -1,10 +1,11 @@
-"""What the reliability tests share: the job kinds they run, the sweeper pg_cron would be,
-bulk and streamed enqueues, a door in front of a worker's URL, the wait for a drained
-queue, and the audit every fault run ends with.
+"""What the reliability tests share: the jobs they run, the sweeper pg_cron would be, bulk and
+streamed enqueues, a door in front of a worker's URL, the wait for a drained queue, and the
+audit every fault run ends with.
 
-Every handler execution is logged by the handler itself (one JSON line per event, appended
-with a single write to a file per worker process, so a `kill -9` loses nothing it wrote),
-and the audit compares those logs with the jobs table.
+Every handler execution is logged by the handler itself (tests/support/handlers/
+reliability.py: one JSON line per event, appended with a single write to a file per worker
+process, so a `kill -9` loses nothing it wrote), and the audit compares those logs with the
+jobs table.
 """
 
 from __future__ import annotations
@@ -25,123 +26,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from tests.support.cluster import free_port
-
-# Added to a copy of each rendered project as handlers/reliability.py, the way a user adds a
-# handler module. Each kind logs "start", then "raise" or "ok", for every execution.
-CHAOS_HANDLERS = '''\
-"""reliability: job kinds for the template's reliability suite; each execution is logged."""
-
-from __future__ import annotations
-
-import asyncio
-import json
-import os
-import time
-from typing import Literal
-
-from pydantic import BaseModel, Field
-
-from ..registry import JobInfo, handler
-
-_LOG = os.open(
-    os.path.join(os.environ["RELIABILITY_AUDIT_DIR"], f"{os.getpid()}.jsonl"),
-    os.O_WRONLY | os.O_APPEND | os.O_CREAT,
-    0o644,
-)
-_WORKER = os.environ.get("WORKER_NAME", str(os.getpid()))
-
-
-def record(job: JobInfo, event: str) -> None:
-    line = {"job": job.id, "attempt": job.attempt, "kind": job.kind, "event": event}
-    line |= {"worker": _WORKER, "t": time.time()}
-    os.write(_LOG, (json.dumps(line) + "\\n").encode())
-
-
-async def run(job: JobInfo, fail: int) -> None:
-    """Raise on the first `fail` attempts, succeed after."""
-    record(job, "start")
-    if job.attempt <= fail:
-        record(job, "raise")
-        raise RuntimeError(f"chaos: attempt {job.attempt} of job {job.id} fails on purpose")
-    record(job, "ok")
-
-
-class Email(BaseModel):
-    n: int
-    fail: int = 0
-    to: str
-
-
-class Webhook(BaseModel):
-    n: int
-    fail: int = 0
-    url: str
-
-
-class Report(BaseModel):
-    n: int
-    fail: int = 0
-    rows: list[int]
-
-
-@handler("soak_email", timeout=30)
-async def soak_email(payload: Email, job: JobInfo) -> None:
-    await run(job, payload.fail)
-
-
-@handler("soak_webhook", timeout=30)
-async def soak_webhook(payload: Webhook, job: JobInfo) -> None:
-    await run(job, payload.fail)
-
-
-@handler("soak_report", timeout=30)
-async def soak_report(payload: Report, job: JobInfo) -> None:
-    await run(job, payload.fail)
-
-
-class Hang(BaseModel):
-    how: Literal["await", "thread"]
-    hang_attempts: int = 1
-
-
-@handler("hang", timeout=1)
-async def hang(payload: Hang, job: JobInfo) -> None:
-    """Hangs far past its 1 s timeout on its first attempts: in the event loop, or in a
-    thread the worker can only abandon."""
-    record(job, "start")
-    if job.attempt <= payload.hang_attempts:
-        if payload.how == "await":
-            await asyncio.sleep(3600)
-        else:
-            await asyncio.to_thread(time.sleep, 30)
-    record(job, "ok")
-
-
-class Line(BaseModel):
-    sku: str
-    qty: int
-
-
-class Order(BaseModel):
-    order_id: int
-    note: str = Field("", max_length=1000)
-    lines: list[Line] = []
-
-
-@handler("strict_order", timeout=30)
-async def strict_order(payload: Order, job: JobInfo) -> None:
-    await run(job, 0)
-
-
-class Blob(BaseModel):
-    data: str
-
-
-@handler("blob", timeout=30)
-async def blob(payload: Blob, job: JobInfo) -> None:
-    await run(job, 0)
-'''
+from testkit.cluster import free_port
 
 SOAK_KINDS = {
     "soak_email": lambda n: {"to": f"user{n}@example.com"},

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import psycopg
 
-from tests.support.cluster import Cluster
-from tests.worker.helpers import enqueue, job
+from testkit.cluster import Cluster
+from tests.support.jobs import enqueue, job
 
 from .conftest import PYTHON, Fleet
 from .harness import Plan, Sweeper, audit, enqueue_plan, executions, figures, wait_drained

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import psycopg
 
-from tests.support.cluster import Cluster
-from tests.worker.helpers import job
+from testkit.cluster import Cluster
+from tests.support.jobs import job
 
 from .conftest import PYTHON, Fleet
 from .harness import audit, figures, wait_drained

@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import psycopg
 
-from tests.support.postgrest import make_jwt
-from tests.worker.helpers import enqueue, job, wait_until
+from testkit.postgrest import make_jwt
+from tests.support.jobs import enqueue, job, wait_until
 
 from .conftest import HTTP, Fleet
 from .harness import executions, figures
@@ -44,8 +44,11 @@ def test_wake_refuses_bad_bearers_and_big_bodies_and_claims_nothing(
     db: psycopg.Connection, fleet: Fleet, audit_dir: Path
 ) -> None:
     key = make_jwt("service_role")
-    worker = fleet(HTTP, SERVICE_ROLE_KEY=key, WORKER_POLL_INTERVAL=60).start()
-    # no wake-up configured in this session: only the requests below can wake the worker
+    worker = fleet(
+        HTTP, SERVICE_ROLE_KEY=key, WORKER_POLL_INTERVAL=60, WORKER_LINGER_SECONDS=0
+    ).start()
+    # no wake-up configured in this session, no linger: only the requests below can wake the
+    # worker
     job_id = enqueue(db, "strict_order", order_id=1)
     wake = f"{worker.url}/wake"
     body = {"reason": "enqueue", "queues": ["default"]}

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import psycopg
 
-from tests.support.cluster import Cluster
-from tests.support.postgrest import make_jwt
-from tests.support.stack import point_wake_ups, wait_for_pg_net, wake_up_settings
+from testkit.cluster import Cluster
+from testkit.postgrest import make_jwt
+from testkit.stack import point_wake_ups, wait_for_pg_net, wake_up_settings
 
 from .conftest import HTTP, Fleet
 from .harness import (
@@ -36,8 +36,11 @@ def test_lost_wakeups_are_made_up_by_the_sweeper(
     audit_dir: Path,
 ) -> None:
     key = make_jwt("service_role")
-    # no idle poll during the test: only wake-ups (the sweeper's re-wake here) bring it in
-    worker = fleet(HTTP, SERVICE_ROLE_KEY=key, WORKER_POLL_INTERVAL=3600).start()
+    # no idle poll and no linger (it waits on LISTEN) during the test: only wake-ups (the
+    # sweeper's re-wake here) bring it in
+    worker = fleet(
+        HTTP, SERVICE_ROLE_KEY=key, WORKER_POLL_INTERVAL=3600, WORKER_LINGER_SECONDS=0
+    ).start()
     door = Door(worker.port)
     door.open()
     # where wake-ups go, for this session and the sweeper's (what `alter database ... set`
@@ -91,7 +94,10 @@ def test_with_every_wake_up_lost_the_idle_poll_drains_the_queue(
     worker, polling every 2 s when idle, still finds and runs every job."""
     key = make_jwt("service_role")
     poll_s = 2.0
-    worker = fleet(HTTP, SERVICE_ROLE_KEY=key, WORKER_POLL_INTERVAL=poll_s).start()
+    # no linger (it waits on LISTEN): only the idle poll finds the jobs
+    worker = fleet(
+        HTTP, SERVICE_ROLE_KEY=key, WORKER_POLL_INTERVAL=poll_s, WORKER_LINGER_SECONDS=0
+    ).start()
     closed = Door(worker.port)  # never opened: its port refuses connections
     point_wake_ups(db, closed.url, key)
     plan = Plan.soak(2_000, max_attempts=3, seed=29)

@@ -14,16 +14,16 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.support.cluster import Cluster
-from tests.support.postgrest import make_jwt
-from tests.support.project import push_migrations
-from tests.support.stack import (
+from testkit.cluster import Cluster
+from testkit.postgrest import make_jwt
+from testkit.project import push_migrations
+from testkit.stack import (
     point_wake_ups,
     start_supabase_like_cluster,
     wait_for_pg_net,
     wake_up_settings,
 )
-from tests.worker.helpers import wait_until
+from tests.support.jobs import wait_until
 
 from .conftest import HTTP, Fleet
 from .harness import (
@@ -51,7 +51,10 @@ def test_an_endpoint_slower_than_the_request_timeout(
     times out after 2 s and the jobs wait; each batch of pg_net's waits out the timeout of
     its slowest request. Once the URL answers again, the sweeper's re-wake drains them."""
     key = make_jwt("service_role")
-    worker = fleet(HTTP, SERVICE_ROLE_KEY=key, WORKER_POLL_INTERVAL=3600).start()
+    # no idle poll and no linger (it waits on LISTEN): only wake-ups bring it in
+    worker = fleet(
+        HTTP, SERVICE_ROLE_KEY=key, WORKER_POLL_INTERVAL=3600, WORKER_LINGER_SECONDS=0
+    ).start()
     door = Door(worker.port)
     door.open()
     point_wake_ups(db, door.url, key)
@@ -105,7 +108,10 @@ def test_pg_net_worker_restarted_in_the_middle_of_a_stream(
     (`select net.worker_restart()`) three times meanwhile: its queue is a table, so the
     requests queued while it was down go out when it is back."""
     key = make_jwt("service_role")
-    worker = fleet(HTTP, SERVICE_ROLE_KEY=key, WORKER_POLL_INTERVAL=3600).start()
+    # no idle poll and no linger (it waits on LISTEN): only wake-ups bring it in
+    worker = fleet(
+        HTTP, SERVICE_ROLE_KEY=key, WORKER_POLL_INTERVAL=3600, WORKER_LINGER_SECONDS=0
+    ).start()
     wake_url = f"{worker.url}/wake"
     point_wake_ups(db, wake_url, key)
     plan = Plan.soak(600, max_attempts=3, seed=37)
@@ -175,8 +181,13 @@ def test_server_restarts_lose_pg_nets_queue_and_the_sweeper_makes_up_for_it(
     queue, so those wake-ups are never sent. The sweeper's re-wake brings the worker back in
     either way."""
     key = make_jwt("service_role")
+    # no idle poll and no linger (it waits on LISTEN): only wake-ups bring it in
     worker = fleet(
-        HTTP, DB_URL=own_cluster.dsn(), SERVICE_ROLE_KEY=key, WORKER_POLL_INTERVAL=3600
+        HTTP,
+        DB_URL=own_cluster.dsn(),
+        SERVICE_ROLE_KEY=key,
+        WORKER_POLL_INTERVAL=3600,
+        WORKER_LINGER_SECONDS=0,
     ).start()
     wake_url = f"{worker.url}/wake"
     plan = Plan.soak(2_000, max_attempts=3, seed=41)

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cluster import Cluster
-from tests.support.project import push_migrations
-from tests.support.stack import start_supabase_like_cluster
-from tests.worker.helpers import wait_until
+from testkit.cluster import Cluster
+from testkit.project import push_migrations
+from testkit.stack import start_supabase_like_cluster
+from tests.support.jobs import wait_until
 
 from .conftest import PYTHON, Fleet
 from .harness import Execution, Plan, Sweeper, audit, enqueue_plan, figures, wait_drained

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import psycopg
 
-from tests.support.cluster import Cluster
-from tests.worker.helpers import WorkerProcess, wait_until
+from testkit.cluster import Cluster
+from tests.support.jobs import wait_until
+from tests.support.workers import WorkerProcess
 
 from .conftest import PYTHON, Fleet
 from .harness import (
@@ -95,12 +96,13 @@ def test_soak_with_workers_killed_at_random_loses_nothing(
     assert result.failed > 0 and result.retried > result.failed  # the chaos did happen
 
 
-def test_a_held_xmin_horizon_slows_claims_but_keeps_them_right(
+def test_a_held_xmin_horizon_keeps_claims_right(
     db: psycopg.Connection, stack: Cluster, fleet: Fleet, tmp_path: Path
 ) -> None:
     """The same run twice on an emptied table: once as is, once while another session keeps
     a snapshot open (what a forgotten `idle in transaction` session does), so autovacuum
-    cannot remove the rows the run leaves dead."""
+    cannot remove the rows the run leaves dead. How much slower that makes claims is a
+    figure (docs/reliability.md), not an assertion."""
     rates = {}
     for held in (False, True):
         db.execute("truncate pgqueue.jobs")
@@ -112,6 +114,11 @@ def test_a_held_xmin_horizon_slows_claims_but_keeps_them_right(
             if held:
                 holder.execute("begin isolation level repeatable read")
                 holder.execute("select txid_current()")
+            holding = db.execute(
+                "select backend_xmin is not null from pg_stat_activity where pid = %s",
+                (holder.info.backend_pid,),
+            ).fetchone()
+            assert holding == (held,), "the horizon is held in the held run only"
             workers = fleet(PYTHON, RELIABILITY_AUDIT_DIR=logs)
             started = time.monotonic()
             with Sweeper(stack.dsn()):

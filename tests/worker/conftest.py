@@ -1,6 +1,6 @@
 """Fixtures for the Python worker's tests: each variant rendered and installed in a venv
-(once per session, all variants in parallel), the PostgREST stand-in in front of the stack,
-and worker processes that are killed whatever happens."""
+(once per session, all variants in parallel), the stack under the names a project reads, and
+worker processes that are killed whatever happens."""
 
 from __future__ import annotations
 
@@ -10,40 +10,30 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cluster import Cluster
-from tests.support.postgrest import PostgRESTStandIn, make_jwt
-
-from .helpers import Installed, Workers, install, python_variants, variant_id
-
-VARIANTS = python_variants()
+from testkit.cluster import Cluster
+from testkit.postgrest import PostgRESTStandIn, make_jwt
+from testkit.project import PYTHON_VARIANTS, Variant
+from tests.support.workers import Installed, Workers, install
 
 
 @pytest.fixture(scope="session")
 def installs(
     template: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[tuple[str, str], Future[Installed]]]:
+) -> Iterator[dict[Variant, Future[Installed]]]:
     """Every variant, installing in the background from the first test that needs one on
     (uv mostly waits on the network); each test waits for its own variant only."""
-    with ThreadPoolExecutor(max_workers=len(VARIANTS)) as pool:
+    with ThreadPoolExecutor(max_workers=len(PYTHON_VARIANTS)) as pool:
         yield {
-            variant: pool.submit(
-                install, template, tmp_path_factory.mktemp(variant_id(variant)), *variant
-            )
-            for variant in VARIANTS
+            variant: pool.submit(install, template, tmp_path_factory.mktemp(str(variant)), variant)
+            for variant in PYTHON_VARIANTS
         }
 
 
-@pytest.fixture(params=VARIANTS, ids=variant_id)
+@pytest.fixture(params=PYTHON_VARIANTS, ids=str)
 def installed(request: pytest.FixtureRequest, installs: dict, stack_env: dict) -> Installed:
     """A rendered variant installed in its own venv (parametrized over all of them). Asks
     for the stack after `installs`, so the stack starts while uv runs."""
     return installs[request.param].result()
-
-
-@pytest.fixture(scope="session")
-def postgrest(stack: Cluster, project: Path) -> Iterator[PostgRESTStandIn]:
-    with PostgRESTStandIn(stack.dsn()) as api:
-        yield api
 
 
 @pytest.fixture(scope="session")

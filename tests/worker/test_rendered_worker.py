@@ -13,19 +13,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.support.project import render, rendered_files, run
-
-from .helpers import (
-    PACKAGE,
-    SCRIPT,
-    Installed,
-    Workers,
-    enqueue,
-    job,
-    python_variants,
-    variant_id,
-    wait_until,
-)
+from testkit.project import PYTHON_VARIANTS, render, rendered_files, run, variant
+from tests.support.jobs import enqueue, job, wait_until
+from tests.support.workers import PACKAGE, SCRIPT, Installed, Workers
 
 
 def test_only_the_variants_files_are_rendered(installed: Installed) -> None:
@@ -65,9 +55,9 @@ def test_project_passes_ruff_mypy_and_its_own_tests(installed: Installed, stack_
 # The one-shot commands are the same code in both styles: once per transport is enough.
 @pytest.mark.parametrize(
     "installed",
-    [v for v in python_variants() if v[0] == "python"],
+    [v for v in PYTHON_VARIANTS if v.worker_style == "python"],
     indirect=True,
-    ids=variant_id,
+    ids=str,
 )
 def test_cli(installed: Installed, stack_env: dict, db: psycopg.Connection) -> None:
     script = installed.bin(SCRIPT)
@@ -122,9 +112,9 @@ def test_missing_settings_are_named(installed: Installed) -> None:
 
 @pytest.mark.parametrize(
     "installed",
-    [v for v in python_variants() if v[0] == "python"],
+    [v for v in PYTHON_VARIANTS if v.worker_style == "python"],
     indirect=True,
-    ids=variant_id,
+    ids=str,
 )
 def test_cli_config_shows_and_changes_the_database_configuration(
     installed: Installed, stack_env: dict, db: psycopg.Connection
@@ -170,9 +160,9 @@ def test_cli_config_shows_and_changes_the_database_configuration(
 
 @pytest.mark.parametrize(
     "installed",
-    [v for v in python_variants() if v[0] == "python"],
+    [v for v in PYTHON_VARIANTS if v.worker_style == "python"],
     indirect=True,
-    ids=variant_id,
+    ids=str,
 )
 def test_the_worker_leases_jobs_for_the_configured_lease(
     installed: Installed, workers: Workers, db: psycopg.Connection, tmp_path: Path
@@ -196,7 +186,7 @@ def test_the_worker_leases_jobs_for_the_configured_lease(
 UNTYPED = "\n\ndef untyped(value):\n    return value\n"
 
 
-@pytest.mark.parametrize("installed", [("python", "postgres")], indirect=True, ids=variant_id)
+@pytest.mark.parametrize("installed", [variant("python", "postgres")], indirect=True, ids=str)
 def test_mypy_is_strict_on_the_machinery_only(installed: Installed, tmp_path: Path) -> None:
     project = tmp_path / "project"
     shutil.copytree(installed.path, project, ignore=shutil.ignore_patterns(".mypy_cache"))
@@ -224,9 +214,9 @@ def test_pip_installs_the_project_too(template: Path, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "installed",
-    [v for v in python_variants() if v[0] == "python"],
+    [v for v in PYTHON_VARIANTS if v.worker_style == "python"],
     indirect=True,
-    ids=variant_id,
+    ids=str,
 )
 def test_stats_warns_of_queued_kinds_no_worker_claims(
     installed: Installed, workers: Workers, stack_env: dict, db: psycopg.Connection

@@ -12,22 +12,11 @@ import httpx
 import psycopg
 import pytest
 
-from tests.support.postgrest import make_jwt
-from tests.support.stack import wait_for_pg_net
-
-from .helpers import (
-    OTHER_KIND,
-    Installed,
-    Workers,
-    enqueue,
-    job,
-    other_service,
-    python_variants,
-    runs,
-    variant_id,
-    wait_until,
-    wake_to,
-)
+from testkit.postgrest import make_jwt
+from testkit.project import PYTHON_VARIANTS, variant
+from testkit.stack import wait_for_pg_net
+from tests.support.jobs import enqueue, job, runs, wait_until
+from tests.support.workers import OTHER_KIND, Installed, Workers, other_service, wake_to
 
 
 def sweeper(db: psycopg.Connection):
@@ -73,9 +62,9 @@ def test_job_enqueued_with_a_domain_row_runs_once(
 
 @pytest.mark.parametrize(
     "installed",
-    [v for v in python_variants() if v[0] == "python"],
+    [v for v in PYTHON_VARIANTS if v.worker_style == "python"],
     indirect=True,
-    ids=variant_id,
+    ids=str,
 )
 def test_two_services_on_one_queue_each_run_only_their_own_kinds(
     installed: Installed, workers: Workers, db: psycopg.Connection, tmp_path: Path
@@ -111,7 +100,7 @@ def test_two_services_on_one_queue_each_run_only_their_own_kinds(
     assert ours.proc.poll() is None and theirs.proc.poll() is None
 
 
-@pytest.mark.parametrize("installed", [("python", "postgres")], indirect=True, ids=variant_id)
+@pytest.mark.parametrize("installed", [variant("python", "postgres")], indirect=True, ids=str)
 def test_notify_wakes_an_idle_worker(
     installed: Installed, workers: Workers, db: psycopg.Connection, tmp_path: Path
 ) -> None:
@@ -130,9 +119,9 @@ def test_notify_wakes_an_idle_worker(
 
 @pytest.mark.parametrize(
     "installed",
-    [v for v in python_variants() if v[1] == "postgres"],
+    [v for v in PYTHON_VARIANTS if v.claim_transport == "postgres"],
     indirect=True,
-    ids=variant_id,
+    ids=str,
 )
 def test_worker_reconnects_after_losing_its_connections(
     installed: Installed,
@@ -268,9 +257,9 @@ def test_sigterm_releases_jobs_that_outlast_the_grace_period(
 
 @pytest.mark.parametrize(
     "installed",
-    [v for v in python_variants() if v[0] == "python-http"],
+    [v for v in PYTHON_VARIANTS if v.http],
     indirect=True,
-    ids=variant_id,
+    ids=str,
 )
 def test_wake_endpoint_refuses_a_missing_or_wrong_bearer(
     installed: Installed,

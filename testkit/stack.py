@@ -1,8 +1,9 @@
-"""The test stack: a real PostgreSQL 15 cluster shaped like a Supabase database.
+"""The stack tests and benchmarks run on: a real PostgreSQL 15 cluster shaped like a Supabase
+database.
 
 Real: PostgreSQL, pg_cron, pg_net and Supabase Vault (all three preloaded), pgTAP,
-plpgsql_check. Stand-in (this folder only, never in a generated project): the Supabase
-baseline roles and schemas.
+plpgsql_check. Stand-in (testkit/sql/, never in a generated project): the Supabase baseline
+roles and schemas.
 """
 
 from __future__ import annotations
@@ -17,11 +18,20 @@ from .cluster import Cluster
 SQL = Path(__file__).parent / "sql"
 
 
-def start_supabase_like_cluster(**settings: str) -> Cluster:
+def start_supabase_like_cluster(*, pg_net: bool = True, **settings: str) -> Cluster:
+    """pg_net=False: a database without pg_net (neither preloaded nor created), as a
+    self-hosted Postgres may be."""
+    if not pg_net:
+        settings = {"shared_preload_libraries": "'pg_cron,supabase_vault'", **settings}
     cluster = Cluster(**({"settings": settings} if settings else {})).init().start()
     with cluster.connect(autocommit=True) as conn:
-        for name in ("supabase_baseline.sql", "extensions.sql"):
-            conn.execute((SQL / name).read_text())
+        conn.execute((SQL / "supabase_baseline.sql").read_text())
+        lines = (SQL / "extensions.sql").read_text().splitlines()
+        conn.execute(
+            "\n".join(
+                line for line in lines if pg_net or "extension if not exists pg_net" not in line
+            )
+        )
     return cluster
 
 

@@ -1,4 +1,6 @@
-"""Helpers for the worker tests: installed variants, worker processes, jobs, waiting."""
+"""Worker processes of rendered projects: each variant installed as its README says, or run
+from its src/ on pytest's interpreter, with test handlers added the way a user adds one;
+processes that are killed whatever happens."""
 
 from __future__ import annotations
 
@@ -8,100 +10,59 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
 import psycopg
 import pytest
-from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
 
-from tests.support.cluster import free_port
-from tests.support.project import questions, render, run
-from tests.support.stack import point_wake_ups
+from testkit.cluster import free_port
+from testkit.project import Variant, render, run
+from testkit.stack import point_wake_ups
+
+from .jobs import wait_until
 
 PACKAGE = "my_app"  # the default answers' package name
 SCRIPT = "my-app"  # ... and console script
 
-# The handler the end-to-end tests drive, added to a copy of each rendered project the way a
-# user adds one: a module in handlers/. It appends a line per run to a file, and sleeps or
+# Handler modules the tests add to a copy of a rendered project's src/, the way a user adds
+# one: a module in handlers/.
+HANDLERS = Path(__file__).parent / "handlers"
+# The handler the end-to-end tests drive: it appends a line per run to a file, and sleeps or
 # raises when the payload says so.
-PROBE_HANDLER = '''\
-"""e2e_probe: records each run in a file; sleeps and fails on demand (template tests)."""
-
-from __future__ import annotations
-
-import asyncio
-import json
-from pathlib import Path
-
-from pydantic import BaseModel
-
-from ..registry import JobInfo, handler
-
-
-class Probe(BaseModel):
-    log: str
-    sleep: float = 0
-    sleep_first_attempt_only: bool = False
-    error: str | None = None
-
-
-@handler("e2e_probe", timeout=60)
-async def e2e_probe(payload: Probe, job: JobInfo) -> None:
-    def record(at: str) -> None:
-        with Path(payload.log).open("a") as f:
-            f.write(json.dumps({"job_id": job.id, "attempt": job.attempt, "at": at}) + "\\n")
-
-    record("start")
-    if payload.sleep and (job.attempt == 1 or not payload.sleep_first_attempt_only):
-        await asyncio.sleep(payload.sleep)
-    if payload.error:
-        raise RuntimeError(payload.error)
-    record("end")
-'''
+PROBE = HANDLERS / "e2e_probe.py"
 
 
 # The kind the second service of the shared-queue test handles (and the first does not).
 OTHER_KIND = "e2e_other"
 
 
-def python_variants() -> list[tuple[str, str]]:
-    """Every (worker_style, claim_transport) pair copier.yml offers for a Python worker."""
-    qs = questions()
-    styles = [s for s in qs["worker_style"]["choices"].values() if s != "edge"]
-    return [(s, t) for s in styles for t in qs["claim_transport"]["choices"].values()]
-
-
-def variant_id(variant: tuple[str, str]) -> str:
-    return "-".join(variant)
-
-
 @dataclass
 class Installed:
-    """A rendered project installed (editable, with its dev extras) in a venv of its own, as
-    its README says: `uv sync --locked --extra dev`."""
+    """A rendered project and the venv its workers run in: its own, made as its README says
+    (`uv sync --locked --extra dev`, see install()), or the `interpreter` fixture's."""
 
-    style: str
-    transport: str
+    variant: Variant
     path: Path
     venv: Path
-    # src/ of a copy of the project with the probe handler added (end-to-end tests only)
-    e2e_src: Path
+    # the src/ its worker processes run from: a copy of the project's with test handlers added
+    src: Path
 
     @property
     def http(self) -> bool:
-        return self.style == "python-http"
+        return self.variant.http
+
+    @property
+    def transport(self) -> str | None:
+        return self.variant.claim_transport
 
     def bin(self, name: str) -> Path:
         return self.venv / "bin" / name
 
 
-def install(template: Path, root: Path, style: str, transport: str) -> Installed:
-    path = render(template, root / "project", worker_style=style, claim_transport=transport)
+def install(template: Path, root: Path, variant: Variant) -> Installed:
+    path = render(template, root / "project", **variant.answers)
     venv = root / "venv"
     # --locked: the committed uv.lock must match the variant's pyproject.toml as rendered.
     run(
@@ -109,10 +70,15 @@ def install(template: Path, root: Path, style: str, transport: str) -> Installed
         cwd=path,
         env={"UV_PROJECT_ENVIRONMENT": str(venv)},
     )
-    e2e_src = root / "e2e" / "src"
-    shutil.copytree(path / "src", e2e_src)
-    (e2e_src / PACKAGE / "handlers" / "e2e_probe.py").write_text(PROBE_HANDLER)
-    return Installed(style, transport, path, venv, e2e_src)
+    return Installed(variant, path, venv, with_handlers(path / "src", root / "e2e" / "src", PROBE))
+
+
+def with_handlers(src: Path, dest: Path, *modules: Path) -> Path:
+    """A copy of a project's src/ at `dest`, with handler modules added to its handlers/."""
+    shutil.copytree(src, dest)
+    for module in modules:
+        shutil.copy(module, dest / PACKAGE / "handlers" / module.name)
+    return dest
 
 
 def other_service(installed: Installed, root: Path) -> Path:
@@ -123,29 +89,11 @@ def other_service(installed: Installed, root: Path) -> Path:
     handlers = src / PACKAGE / "handlers"
     for module in handlers.glob("send_*.py"):
         module.unlink()
-    other = PROBE_HANDLER.replace('@handler("e2e_probe"', f'@handler("{OTHER_KIND}"')
-    assert other != PROBE_HANDLER
+    probe = PROBE.read_text()
+    other = probe.replace('@handler("e2e_probe"', f'@handler("{OTHER_KIND}"')
+    assert other != probe
     (handlers / f"{OTHER_KIND}.py").write_text(other)
     return src
-
-
-def wait_until(
-    condition: Callable[[], Any],
-    timeout: float = 20,
-    what: str = "condition",
-    tick: Callable[[], object] | None = None,
-    interval: float = 0.05,
-) -> Any:
-    """Poll `condition` until it returns something truthy; `tick` runs between polls."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if result := condition():
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        if tick is not None:
-            tick()
-        time.sleep(interval)
 
 
 class WorkerProcess:
@@ -159,7 +107,7 @@ class WorkerProcess:
         self._log_file = log.open("w")
         self.proc = subprocess.Popen(
             [installed.bin("python"), "-m", PACKAGE, "worker"],
-            env={**os.environ, **env, "PYTHONPATH": str(src or installed.e2e_src)},
+            env={**os.environ, **env, "PYTHONPATH": str(src or installed.src)},
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
         )
@@ -236,34 +184,3 @@ def wake_to(db: psycopg.Connection, worker: WorkerProcess, key: str) -> None:
     """Point this session's wake-ups (the enqueue trigger, sweep) at `worker`: what
     `alter database postgres set ...` does for a self-hosted project, for one session."""
     point_wake_ups(db, f"{worker.url}/wake", key)
-
-
-def enqueue(
-    db: psycopg.Connection,
-    kind: str = "e2e_probe",
-    max_attempts: int | None = None,
-    **payload: object,
-) -> int:
-    row = db.execute(
-        "select pgqueue.enqueue(%s, %s, max_attempts => %s)",
-        (kind, Jsonb(payload), max_attempts),
-    ).fetchone()
-    assert row is not None
-    return row[0]
-
-
-def job(db: psycopg.Connection, job_id: int) -> dict:
-    with db.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(
-            "select *, run_after - now() as due_in from pgqueue.jobs where id = %s", (job_id,)
-        ).fetchone()
-    assert row is not None, f"job {job_id} is gone"
-    return row
-
-
-def runs(log: Path, job_id: int) -> list[tuple[int, str]]:
-    """(attempt, "start"|"end") for each line the probe wrote for a job."""
-    if not log.exists():
-        return []
-    lines = [json.loads(line) for line in log.read_text().splitlines()]
-    return [(line["attempt"], line["at"]) for line in lines if line["job_id"] == job_id]

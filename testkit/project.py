@@ -1,16 +1,19 @@
-"""Helpers that carry the template tests: snapshot the template, render it, run commands."""
+"""The template and the projects it renders: snapshot the working tree, render and update
+projects, run commands and the Supabase CLI in them."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import copier
+import jinja2
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 SUPABASE_CLI = REPO / "node_modules" / ".bin" / "supabase"
 
 
@@ -96,6 +99,67 @@ def questions() -> dict:
     """copier.yml's questions (settings starting with _ left out)."""
     data = yaml.safe_load((REPO / "copier.yml").read_text())
     return {k: v for k, v in data.items() if not k.startswith("_")}
+
+
+def choices(question: str) -> list[str]:
+    """The values copier.yml offers for a question, in its order."""
+    return list(questions()[question]["choices"].values())
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A kind of project the template generates: a worker style and, for the styles copier.yml
+    asks it for, a claim transport."""
+
+    worker_style: str
+    claim_transport: str | None = None
+
+    def __str__(self) -> str:
+        """Its test id: python-supabase, python-http-postgres, edge, ..."""
+        return "-".join(filter(None, (self.worker_style, self.claim_transport)))
+
+    @property
+    def answers(self) -> dict[str, str]:
+        return {"worker_style": self.worker_style} | (
+            {"claim_transport": self.claim_transport} if self.claim_transport else {}
+        )
+
+    @property
+    def python(self) -> bool:
+        """A Python worker (the edge worker is Deno)."""
+        return self.worker_style != "edge"
+
+    @property
+    def http(self) -> bool:
+        """Woken by the database's POST (python-http), rather than polling and listening."""
+        return self.worker_style == "python-http"
+
+
+def _variants() -> list[Variant]:
+    """Each worker_style with each claim_transport where copier.yml asks for one (its `when`),
+    else once."""
+    asks = jinja2.Template(questions()["claim_transport"]["when"])
+    found = []
+    for style in choices("worker_style"):
+        asked = asks.render(worker_style=style)
+        assert asked in ("True", "False"), f"claim_transport's `when` rendered {asked!r}"
+        transports = choices("claim_transport") if asked == "True" else [None]
+        found += [Variant(style, transport) for transport in transports]
+    return found
+
+
+# Every variant, read from copier.yml: adding a choice there adds its tests.
+VARIANTS = _variants()
+PYTHON_VARIANTS = [v for v in VARIANTS if v.python]
+
+
+def variant(worker_style: str, claim_transport: str | None = None) -> Variant:
+    """The variant with these answers, which copier.yml must offer."""
+    wanted = Variant(worker_style, claim_transport)
+    if wanted not in VARIANTS:
+        offered = ", ".join(map(str, VARIANTS))
+        raise LookupError(f"copier.yml offers no variant {wanted} (it offers {offered})")
+    return wanted
 
 
 def render(template: Path, dest: Path, **answers) -> Path:

@@ -1,0 +1,67 @@
+"""Jobs as the tests see them: enqueue one, read its row, read what the probe handler logged,
+and wait for a condition."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+
+def enqueue(
+    db: psycopg.Connection,
+    kind: str = "e2e_probe",
+    max_attempts: int | None = None,
+    **payload: object,
+) -> int:
+    """pgqueue.enqueue() of one job; the probe handler's kind unless another is named."""
+    row = db.execute(
+        "select pgqueue.enqueue(%s, %s, max_attempts => %s)",
+        (kind, Jsonb(payload), max_attempts),
+    ).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def job(db: psycopg.Connection, job_id: int) -> dict:
+    """The job's row, and `due_in`: how long until it may run (negative once it may)."""
+    with db.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(
+            "select *, run_after - now() as due_in from pgqueue.jobs where id = %s", (job_id,)
+        ).fetchone()
+    assert row is not None, f"job {job_id} is gone"
+    return row
+
+
+def runs(log: Path, job_id: int) -> list[tuple[int, str]]:
+    """(attempt, "start"|"end") for each line the probe handler wrote for a job."""
+    if not log.exists():
+        return []
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    return [(line["attempt"], line["at"]) for line in lines if line["job_id"] == job_id]
+
+
+def wait_until(
+    condition: Callable[[], Any],
+    timeout: float = 20,
+    what: str = "condition",
+    tick: Callable[[], object] | None = None,
+    interval: float = 0.05,
+) -> Any:
+    """Poll `condition` until it returns something truthy; `tick` runs between polls."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if result := condition():
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        if tick is not None:
+            tick()
+        time.sleep(interval)

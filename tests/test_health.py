@@ -1,0 +1,94 @@
+"""health(): what stops wake-ups and rescues is said plainly, never skipped in silence; and a
+database without pg_net still takes every migration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psycopg
+
+from testkit.project import push_migrations, render
+from testkit.stack import point_wake_ups, start_supabase_like_cluster, wait_for_pg_net
+
+KEY = "health-test-key-0123456789"
+
+
+def health(db: psycopg.Connection) -> dict[str, tuple[bool, str]]:
+    rows = db.execute("select component, ok, detail from pgqueue.health()").fetchall()
+    return {component: (ok, detail) for component, ok, detail in rows}
+
+
+def test_health_names_what_wake_ups_and_rescues_lack(db: psycopg.Connection) -> None:
+    rows = health(db)
+    assert rows["pg_net"] == (True, "pg_net is enabled and its worker is running")
+    assert rows["worker_url"][0] is False
+    assert "no worker URL, so no HTTP wake-up is sent" in rows["worker_url"][1]
+    assert "app.pgqueue_worker_url" in rows["worker_url"][1], "it names the fix"
+    assert rows["service_key"][0] is False
+    assert "the Vault secret pgqueue_service_key" in rows["service_key"][1]
+    # the test stack pauses the sweeper's pg_cron job
+    assert rows["sweeper"][0] is False and "paused" in rows["sweeper"][1]
+    assert rows["wake_up_responses"] == (True, "no pg_net response in the last 15 minutes")
+
+
+def test_health_says_where_the_url_and_key_come_from_never_the_key(
+    db: psycopg.Connection,
+) -> None:
+    point_wake_ups(db, "http://127.0.0.1:9/wake", KEY)
+    rows = health(db)
+    assert rows["worker_url"] == (
+        True,
+        "wake-ups go to the URL in the setting app.pgqueue_worker_url",
+    )
+    assert rows["service_key"] == (
+        True,
+        "wake-ups carry the key from the setting app.service_role_key",
+    )
+
+    point_wake_ups(db, None, None)
+    db.execute("select vault.create_secret(%s, 'pgqueue_service_key')", (KEY,))
+    db.execute("select vault.create_secret('http://127.0.0.1:9/wake', 'pgqueue_worker_url')")
+    rows = health(db)
+    assert rows["worker_url"] == (
+        True,
+        "wake-ups go to the URL in the Vault secret pgqueue_worker_url",
+    )
+    assert rows["service_key"] == (
+        True,
+        "wake-ups carry the key from the Vault secret pgqueue_service_key",
+    )
+    assert all(KEY not in detail for _, detail in rows.values())
+
+
+def test_health_reports_failed_wake_ups(db: psycopg.Connection) -> None:
+    point_wake_ups(db, "http://127.0.0.1:9/wake", KEY)  # nothing listens on port 9
+    db.execute("select pgqueue.enqueue('health.probe')")
+    wait_for_pg_net(db)
+    ok, detail = health(db)["wake_up_responses"]
+    assert not ok
+    assert detail.startswith("1 of 1 pg_net responses in the last 15 minutes failed; latest: ")
+    assert "net._http_response" in detail
+    point_wake_ups(db, None, None)
+
+
+def test_without_pg_net_the_migrations_apply_and_health_says_so(
+    template: Path, tmp_path: Path
+) -> None:
+    cluster = start_supabase_like_cluster(pg_net=False)
+    try:
+        project = render(template, tmp_path / "app", worker_style="python-http")
+        push_migrations(project, cluster.url())
+        with cluster.connect(autocommit=True) as db:
+            assert (
+                db.execute("select 1 from pg_extension where extname = 'pg_net'").fetchone() is None
+            )
+            point_wake_ups(db, "http://127.0.0.1:9/wake", KEY)
+            (job_id,) = db.execute("select pgqueue.enqueue('no.pg_net')").fetchone()
+            assert job_id is not None, "the INSERT commits without a wake-up"
+            rows = health(db)
+            assert rows["pg_net"][0] is False
+            assert rows["pg_net"][1].startswith("pg_net is not enabled, so no HTTP wake-up is sent")
+            assert rows["worker_url"][0] and rows["service_key"][0]
+            assert "wake_up_responses" not in rows
+    finally:
+        cluster.destroy()
