@@ -18,8 +18,8 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from tests.support.postgrest import PostgRESTStandIn
-from tests.support.stack import point_wake_ups
+from testkit.postgrest import PostgRESTStandIn
+from testkit.stack import point_wake_ups
 
 from .deno_worker import Deno, EdgeWorker, SlowReceiver, start_edge_worker, stop_edge_worker
 
