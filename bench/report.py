@@ -13,7 +13,8 @@ COMPARE_WITH = {"jobs_per_s": "drain_jobs_per_s", "enqueue_jobs_per_s": "enqueue
 
 
 def unit_of(figure: str) -> str:
-    for marker, unit in (("us_per_row", "us/row"), ("jobs_per_s", "jobs/s"), ("_ms", "ms")):
+    units = {"us_per_row": "us/row", "us_per_job": "us/job", "jobs_per_s": "jobs/s", "_ms": "ms"}
+    for marker, unit in units.items():
         if marker in figure:
             return unit
     return "ratio"
