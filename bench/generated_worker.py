@@ -166,8 +166,9 @@ def drain(
     profile: Path | None = None,
 ) -> dict[str, float]:
     """`processes` worker processes drain `jobs` pre-enqueued no-op jobs; jobs/s from the go
-    signal to the last process's last completion. With `profile`, the (single) worker runs
-    under pyinstrument, which writes its report there."""
+    signal to the last process's last completion, and the worker processes' CPU time per job
+    (user + system, their own: a figure the load of the machine barely moves). With `profile`,
+    the (single) worker runs under pyinstrument, which writes its report there."""
     reset(stack)
     with stack.cluster.connect(autocommit=True) as conn:
         conn.execute(
@@ -197,7 +198,10 @@ def drain(
         left = left.fetchone()[0]
     if done != jobs or left:
         raise RuntimeError(f"{transport.name} workers completed {done} of {jobs}; {left} left")
-    return {"jobs_per_s": jobs / (max(r["finished_at"] for r in results) - started)}
+    return {
+        "jobs_per_s": jobs / (max(r["finished_at"] for r in results) - started),
+        "cpu_us_per_job": sum(r["cpu_s"] for r in results) / jobs * 1e6,
+    }
 
 
 def latency(stack: Stack, transport: Transport, samples: int, rate: float) -> dict[str, float]:
@@ -307,11 +311,14 @@ async def _child(mode: str, package: str) -> None:
     await loop.run_in_executor(None, sys.stdin.readline)  # go
     try:
         if mode == "drain":
+            cpu = time.process_time()
             await worker.drain()
-            print(
-                json.dumps({"done": worker.counts["done"], "finished_at": time.perf_counter()}),
-                flush=True,
-            )
+            finished = {
+                "done": worker.counts["done"],
+                "finished_at": time.perf_counter(),
+                "cpu_s": time.process_time() - cpu,
+            }
+            print(json.dumps(finished), flush=True)
         else:
             running = asyncio.create_task(worker.run())
             await loop.run_in_executor(None, sys.stdin.readline)  # EOF: stop

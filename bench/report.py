@@ -15,6 +15,7 @@ COMPARE_WITH = {"jobs_per_s": "drain_jobs_per_s", "enqueue_jobs_per_s": "enqueue
 def unit_of(figure: str) -> str:
     markers = (
         ("us_per_row", "us/row"),
+        ("us_per_job", "us/job"),
         ("jobs_per_s", "jobs/s"),
         ("_ms", "ms"),
         ("samples", "jobs"),

@@ -20,11 +20,11 @@ SCENARIOS = {
     "procrastinate": {"enqueue_jobs_per_s", "drain_jobs_per_s"},
     "finished_rows": {"empty_jobs_per_s", "full_jobs_per_s", "full_vs_empty"},
     # the generated project's own worker, through its handler registry
-    "worker_postgres_1proc": {"jobs_per_s"},
-    "worker_postgres_4proc": {"jobs_per_s"},
+    "worker_postgres_1proc": {"jobs_per_s", "cpu_us_per_job"},
+    "worker_postgres_4proc": {"jobs_per_s", "cpu_us_per_job"},
     "worker_latency_postgres": {"p50_ms", "p95_ms", "p99_ms"},
-    "worker_supabase_1proc": {"jobs_per_s"},
-    "worker_supabase_4proc": {"jobs_per_s"},
+    "worker_supabase_1proc": {"jobs_per_s", "cpu_us_per_job"},
+    "worker_supabase_4proc": {"jobs_per_s", "cpu_us_per_job"},
     "worker_latency_supabase": {"p50_ms", "p95_ms", "p99_ms"},
     # each worker style woken through the real pg_net, under each load shape
     **{

@@ -101,8 +101,7 @@ class LeaseKeeper:
         self._wakes_at = min(times, default=now + self._lease_seconds / 2)
         if self._stopping:
             return
-        # Sleep until then, or until poked (no wait_for(): on Python 3.11 a cancellation that
-        # comes as the wait ends can be lost).
+        # Sleep until then, or until watch() or stop() pokes.
         self._poke.clear()
         delay = max(0.001, self._wakes_at - time.monotonic())
         alarm = asyncio.get_running_loop().call_later(delay, self._poke.set)
