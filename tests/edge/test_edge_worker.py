@@ -97,6 +97,11 @@ def test_inserted_jobs_wake_the_function_and_all_end_done(
         v for r in receiver.requests for k, v in r.headers.items() if k.lower() == "idempotency-key"
     }
     assert keys == hook_ids
+    # The function checked in: its kinds are not listed as unclaimed.
+    checked_in = db.execute(
+        "select queue, kinds from pgqueue.workers where worker like 'job-worker:%'"
+    ).fetchall()
+    assert ("default", ["send_email", "send_webhook"]) in [(q, sorted(k)) for q, k in checked_in]
 
 
 def test_a_throwing_handler_is_retried_then_dead_lettered(

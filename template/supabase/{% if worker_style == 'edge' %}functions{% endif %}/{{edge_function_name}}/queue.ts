@@ -39,6 +39,8 @@ export interface Queue {
     error: string,
     retryable: boolean,
   ): Promise<FailOutcome>;
+  /** Tells the database that `worker` claims `kinds` from `queue` (the `unclaimed` view). */
+  checkin(worker: string, queue: string, kinds: string[]): Promise<void>;
 }
 
 export class QueueError extends Error {
@@ -75,6 +77,7 @@ export function supabaseQueue(settings: Settings): Queue {
         max_jobs: maxJobs,
         ...(leaseSeconds === undefined ? {} : { lease_seconds: leaseSeconds }),
       }),
+    checkin: (worker, queue, kinds) => call<void>("checkin", { worker, queue, kinds }),
     completeMany: (jobs) =>
       call<number[]>("complete_many", {
         job_ids: jobs.map((job) => job.id),

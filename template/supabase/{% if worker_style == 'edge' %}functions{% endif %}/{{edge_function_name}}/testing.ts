@@ -64,6 +64,13 @@ export class MemoryQueue implements Queue {
     return Promise.resolve(done.map((job) => job.id));
   }
 
+  checkins: { worker: string; queue: string; kinds: string[] }[] = [];
+
+  checkin(worker: string, queue: string, kinds: string[]): Promise<void> {
+    this.checkins.push({ worker, queue, kinds });
+    return Promise.resolve();
+  }
+
   fail(claimed: ClaimedJob, error: string, retryable: boolean): Promise<FailOutcome> {
     const job = this.holder(claimed);
     if (job === undefined) return Promise.resolve(null);

@@ -165,11 +165,22 @@ export function startDrain(queues: readonly string[], options: DrainOptions): Dr
     }
   }
 
+  // Say which kinds this worker claims (so `unclaimed` does not list them), next to the
+  // first claim rather than before it; a failure is logged and changes nothing else.
+  const checkedIn = Promise.all(
+    woken.map((queue) =>
+      options.queue.checkin(options.workerId, queue, kinds).catch((error) => {
+        log({ event: "queue.error", call: "checkin", error: describe(error) });
+      })
+    ),
+  );
+
   const done = run().catch((error) => {
     stop("error");
     summary.error = describe(error);
     return summary;
-  }).finally(() => {
+  }).finally(async () => {
+    await checkedIn;
     summary.elapsedMs = Math.round(now() - started);
   });
 

@@ -394,3 +394,27 @@ Deno.test("a drain that is busy, or past half its budget, takes no wake-ups", as
   assert.equal(summary.wakeUps, 2);
   assert.equal(summary.stoppedBy, "time budget");
 });
+
+Deno.test("a drain checks in with its kinds for each queue it was woken for", async () => {
+  const queue = new MemoryQueue();
+  await drain(["default", "mail"], options(queue));
+  assert.deepEqual(
+    queue.checkins.map(({ worker, queue, kinds }) => [worker, queue, kinds.sort()]),
+    [
+      ["test-worker", "default", ["boom", "ok", "refused", "slow"]],
+      ["test-worker", "mail", ["boom", "ok", "refused", "slow"]],
+    ],
+  );
+});
+
+Deno.test("a failed check-in is logged and the jobs still run", async () => {
+  const queue = new MemoryQueue();
+  queue.checkin = () => Promise.reject(new Error("checkin() does not exist yet"));
+  queue.add("ok", { n: 1 });
+  const events: LogEvent[] = [];
+
+  const summary = await drain(["default"], options(queue, { log: (e) => events.push(e) }));
+
+  assert.equal(summary.completed, 1);
+  assert.ok(events.some((e) => e.event === "queue.error" && e.call === "checkin"));
+});
