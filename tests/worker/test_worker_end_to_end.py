@@ -355,3 +355,27 @@ def test_a_payload_too_deep_to_decode_fails_its_own_job_only(
         until_status(db, i, "done")
     assert runs(log, deep) == []
     assert worker.proc.poll() is None
+
+
+@pytest.mark.parametrize(
+    "installed", [v for v in PYTHON_VARIANTS if v.http], indirect=True, ids=str
+)
+def test_a_job_claimed_while_lingering_keeps_its_lease(
+    installed: Installed,
+    workers: Workers,
+    db: psycopg.Connection,
+    service_role_key: str,
+    tmp_path: Path,
+) -> None:
+    """After a wake-up the app lingers; a long job it finds then is heartbeaten like any other."""
+    worker = workers.start(
+        WORKER_LEASE_SECONDS=2, WORKER_POLL_INTERVAL=3600, WORKER_LINGER_SECONDS=10
+    )
+    headers = {"Authorization": f"Bearer {service_role_key}"}
+    assert httpx.post(f"{worker.url}/wake", headers=headers, json={}).status_code == 202
+    time.sleep(0.5)  # the queue was empty: the app lingers now, and no wake-up is configured
+    log = tmp_path / "runs.jsonl"
+    job_id = enqueue(db, log=str(log), sleep=3.5)
+    done = until_status(db, job_id, "done", timeout=15, tick=sweeper(db), interval=0.2)
+    assert done["attempts"] == 1, (done["last_error"], worker.output()[-4000:])
+    assert runs(log, job_id) == [(1, "start"), (1, "end")]
