@@ -146,13 +146,7 @@ class Worker:
             try:
                 config = await self._queue.configure()
             except QueueUnavailable as exc:
-                delay = outage.next()
-                log.warning(
-                    "queue unavailable, retrying in %.1fs",
-                    delay,
-                    extra={"event": "worker.unavailable", "error": str(exc)},
-                )
-                await self._unless_stopped(asyncio.sleep(delay))
+                await self._wait_out(outage, exc)
                 continue
             lease_seconds = int(config["lease_seconds"])
             log.info(
@@ -162,6 +156,16 @@ class Worker:
             )
             return lease_seconds
         return None
+
+    async def _wait_out(self, outage: Backoff, exc: QueueUnavailable) -> None:
+        """Pause before retrying a call the queue could not take (or until stop())."""
+        delay = outage.next()
+        log.warning(
+            "queue unavailable, retrying in %.1fs",
+            delay,
+            extra={"event": "worker.unavailable", "error": str(exc)},
+        )
+        await self._unless_stopped(asyncio.sleep(delay))
 
     async def _claim_and_start(self, *, lease_seconds: int, until_idle: bool) -> None:
         settings = self._settings
@@ -193,13 +197,7 @@ class Worker:
                     lease_seconds=lease_seconds,
                 )
             except QueueUnavailable as exc:
-                delay = outage.next()
-                log.warning(
-                    "queue unavailable, retrying in %.1fs",
-                    delay,
-                    extra={"event": "worker.unavailable", "error": str(exc)},
-                )
-                await self._unless_stopped(asyncio.sleep(delay))
+                await self._wait_out(outage, exc)
                 continue
             outage.reset()
             for job in jobs:
