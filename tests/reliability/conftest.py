@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from testkit.cluster import Cluster
-from testkit.project import Variant, render, variant
+from testkit.project import Variant, push_migrations, render, variant
+from testkit.stack import start_supabase_like_cluster
 from tests.support.workers import HANDLERS, Installed, Workers, with_handlers
 
 # The job kinds this suite runs, in a handler module added to each variant's src/: every
@@ -89,3 +90,19 @@ def fleet(
     yield make
     for workers in fleets:
         workers.kill_all()
+
+
+@pytest.fixture
+def own_cluster(project: Path) -> Iterator[Cluster]:
+    """A cluster of the test's own (a restart would break the shared one's fixtures), with
+    synchronous commits: an immediate shutdown must not lose a committed job."""
+    cluster = start_supabase_like_cluster(
+        fsync="off", synchronous_commit="on", full_page_writes="off"
+    )
+    try:
+        push_migrations(project, cluster.url())
+        with cluster.connect(autocommit=True) as conn:
+            conn.execute("update cron.job set active = false where jobname = 'pgqueue-sweep'")
+        yield cluster
+    finally:
+        cluster.destroy()

@@ -8,18 +8,14 @@ the audit finds every job done or dead-lettered exactly once."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
-import pytest
 
 from testkit.cluster import Cluster
 from testkit.postgrest import make_jwt
-from testkit.project import push_migrations
 from testkit.stack import (
     point_wake_ups,
-    start_supabase_like_cluster,
     wait_for_pg_net,
     wake_up_settings,
 )
@@ -154,22 +150,6 @@ def test_pg_net_worker_restarted_in_the_middle_of_a_stream(
     assert restarts == [True, True, True]
     assert sent == asked == outcomes["accepted"]  # none lost by a restart, all answered 202
     assert worker.proc.poll() is None
-
-
-@pytest.fixture
-def own_cluster(project: Path) -> Iterator[Cluster]:
-    """A cluster of this test's own (a restart would break the shared one's fixtures), with
-    synchronous commits: an immediate shutdown must not lose a committed job."""
-    cluster = start_supabase_like_cluster(
-        fsync="off", synchronous_commit="on", full_page_writes="off"
-    )
-    try:
-        push_migrations(project, cluster.url())
-        with cluster.connect(autocommit=True) as conn:
-            conn.execute("update cron.job set active = false where jobname = 'pgqueue-sweep'")
-        yield cluster
-    finally:
-        cluster.destroy()
 
 
 def test_server_restarts_lose_pg_nets_queue_and_the_sweeper_makes_up_for_it(

@@ -10,14 +10,9 @@ setting losing jobs, not the queue."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from testkit.cluster import Cluster
-from testkit.project import push_migrations
-from testkit.stack import start_supabase_like_cluster
 from tests.support.jobs import wait_until
 
 from .conftest import PYTHON, Fleet
@@ -26,20 +21,6 @@ from .harness import Execution, Plan, Sweeper, audit, enqueue_plan, figures, wai
 JOBS = 20_000
 WORKERS = 2
 LEASE_SECONDS = 3
-
-
-@pytest.fixture
-def own_cluster(project: Path) -> Iterator[Cluster]:
-    cluster = start_supabase_like_cluster(
-        fsync="off", synchronous_commit="on", full_page_writes="off"
-    )
-    try:
-        push_migrations(project, cluster.url())
-        with cluster.connect(autocommit=True) as conn:
-            conn.execute("update cron.job set active = false where jobname = 'pgqueue-sweep'")
-        yield cluster
-    finally:
-        cluster.destroy()
 
 
 def done_count(cluster: Cluster) -> int:
