@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from testkit.cluster import Cluster
 from testkit.postgrest import PostgRESTStandIn
@@ -62,6 +63,16 @@ def db(stack: Cluster, project: Path) -> Iterator[psycopg.Connection]:
             "truncate net.http_request_queue, net._http_response, vault.secrets;"
         )
         yield conn
+
+
+@pytest.fixture
+def config(db: psycopg.Connection) -> Iterator[dict]:
+    """The queue's run-time configuration as seeded (`configure()`); put back after the test,
+    whatever the test changed."""
+    (seeded,) = db.execute("select pgqueue.configure()").fetchone()
+    yield seeded
+    restore = {k: v for k, v in seeded.items() if k != "updated_at"}
+    db.execute("select pgqueue.configure(%s)", (Jsonb(restore),))
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterator
 from datetime import timedelta
 
 import psycopg
@@ -467,15 +466,6 @@ def test_enqueue_refuses_a_payload_over_one_mebibyte(db: psycopg.Connection) -> 
         db.execute("insert into pgqueue.jobs (kind, payload) values ('k', %s)", (big,))
     db.execute("select pgqueue.enqueue('fits', %s)", (Jsonb({"blob": "x" * 900_000}),))
     assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (1,)
-
-
-@pytest.fixture
-def config(db: psycopg.Connection) -> Iterator[dict]:
-    """The configuration as seeded; put back after the test."""
-    (seeded,) = db.execute("select pgqueue.configure()").fetchone()
-    yield seeded
-    restore = {k: v for k, v in seeded.items() if k != "updated_at"}
-    db.execute("select pgqueue.configure(%s)", (Jsonb(restore),))
 
 
 def test_configuration_is_seeded_from_the_answers(config: dict) -> None:

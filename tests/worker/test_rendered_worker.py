@@ -117,45 +117,40 @@ def test_missing_settings_are_named(installed: Installed) -> None:
     ids=str,
 )
 def test_cli_config_shows_and_changes_the_database_configuration(
-    installed: Installed, stack_env: dict, db: psycopg.Connection
+    installed: Installed, stack_env: dict, db: psycopg.Connection, config: dict
 ) -> None:
     script = installed.bin(SCRIPT)
-    (before,) = db.execute("select pgqueue.configure()").fetchone()
-    try:
-        shown = json.loads(run([script, "config", "show"], env=stack_env))
-        assert shown == before
-        assert (shown["max_attempts"], shown["lease_seconds"]) == (5, 300)
+    shown = json.loads(run([script, "config", "show"], env=stack_env))
+    assert shown == config
+    assert (shown["max_attempts"], shown["lease_seconds"]) == (5, 300)
 
-        changed = json.loads(
-            run([script, "config", "set", "lease_seconds=600", "worker_url="], env=stack_env)
+    changed = json.loads(
+        run([script, "config", "set", "lease_seconds=600", "worker_url="], env=stack_env)
+    )
+    assert (changed["lease_seconds"], changed["worker_url"]) == (600, None)
+    db.execute("select pgqueue.enqueue('config-probe')")
+    (lease,) = db.execute(
+        "select extract(epoch from locked_until - locked_at)::integer"
+        " from pgqueue.claim('w', kinds => array['config-probe'])"
+    ).fetchone()
+    assert lease == 600
+
+    for change, message in [
+        ("lease_seconds=5", 'violates check constraint "lease_seconds_between_10_and_86400"'),
+        ("leases=5", "unknown setting: leases (The settings are max_attempts, "),
+        ("max_attempts=", "setting cannot be null: max_attempts"),
+        ("lease_seconds", "'lease_seconds' is not NAME=VALUE"),
+    ]:
+        refused = subprocess.run(
+            [script, "config", "set", change],
+            env={**os.environ, **stack_env},
+            capture_output=True,
+            text=True,
         )
-        assert (changed["lease_seconds"], changed["worker_url"]) == (600, None)
-        db.execute("select pgqueue.enqueue('config-probe')")
-        (lease,) = db.execute(
-            "select extract(epoch from locked_until - locked_at)::integer"
-            " from pgqueue.claim('w', kinds => array['config-probe'])"
-        ).fetchone()
-        assert lease == 600
-
-        for change, message in [
-            ("lease_seconds=5", 'violates check constraint "lease_seconds_between_10_and_86400"'),
-            ("leases=5", "unknown setting: leases (The settings are max_attempts, "),
-            ("max_attempts=", "setting cannot be null: max_attempts"),
-            ("lease_seconds", "'lease_seconds' is not NAME=VALUE"),
-        ]:
-            refused = subprocess.run(
-                [script, "config", "set", change],
-                env={**os.environ, **stack_env},
-                capture_output=True,
-                text=True,
-            )
-            assert refused.returncode == 2, refused
-            assert message in refused.stderr
-        (after,) = db.execute("select pgqueue.configure()").fetchone()
-        assert after["lease_seconds"] == 600, "a refused change changes nothing"
-    finally:
-        restore = {k: v for k, v in before.items() if k != "updated_at"}
-        db.execute("select pgqueue.configure(%s)", (json.dumps(restore),))
+        assert refused.returncode == 2, refused
+        assert message in refused.stderr
+    (after,) = db.execute("select pgqueue.configure()").fetchone()
+    assert after["lease_seconds"] == 600, "a refused change changes nothing"
 
 
 @pytest.mark.parametrize(
@@ -165,22 +160,19 @@ def test_cli_config_shows_and_changes_the_database_configuration(
     ids=str,
 )
 def test_the_worker_leases_jobs_for_the_configured_lease(
-    installed: Installed, workers: Workers, db: psycopg.Connection, tmp_path: Path
+    installed: Installed, workers: Workers, db: psycopg.Connection, config: dict, tmp_path: Path
 ) -> None:
     """No WORKER_LEASE_SECONDS: the worker reads the lease from the database when it starts,
     so `config set lease_seconds=...` (or an answer changed on update) reaches it."""
     db.execute("""select pgqueue.configure('{"lease_seconds": 77}')""")
-    try:
-        worker = workers.start()
-        job_id = enqueue(db, log=str(tmp_path / "runs.jsonl"), sleep=5)
-        row = wait_until(
-            lambda: (r := job(db, job_id))["status"] == "running" and r,
-            what="the job to be claimed",
-        )
-        assert (row["locked_until"] - row["locked_at"]).total_seconds() == 77
-        assert [e["lease_seconds"] for e in worker.events("worker.lease")] == [77]
-    finally:
-        db.execute("""select pgqueue.configure('{"lease_seconds": 300}')""")
+    worker = workers.start()
+    job_id = enqueue(db, log=str(tmp_path / "runs.jsonl"), sleep=5)
+    row = wait_until(
+        lambda: (r := job(db, job_id))["status"] == "running" and r,
+        what="the job to be claimed",
+    )
+    assert (row["locked_until"] - row["locked_at"]).total_seconds() == 77
+    assert [e["lease_seconds"] for e in worker.events("worker.lease")] == [77]
 
 
 UNTYPED = "\n\ndef untyped(value):\n    return value\n"
