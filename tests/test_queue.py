@@ -76,7 +76,7 @@ def test_eight_concurrent_claimers_drain_ten_thousand_jobs_exactly_once(
     assert len(completions) == 10_000
     assert set(completions.values()) == {1}, "a job was completed twice"
     assert db.execute(
-        "select status, attempts, count(*) from pgqueue.jobs group by 1, 2"
+        "select status, attempts, count(*) from pgqueue.all_jobs group by 1, 2"
     ).fetchall() == [("done", 1, 10_000)]
 
 
@@ -129,7 +129,7 @@ def test_enqueue_is_idempotent_on_its_key(db: psycopg.Connection) -> None:
     first = db.execute("select pgqueue.enqueue('k', '{\"v\": 1}', idempotency_key => 'order-1')")
     again = db.execute("select pgqueue.enqueue('k', '{\"v\": 2}', idempotency_key => 'order-1')")
     assert first.fetchone() == again.fetchone()
-    assert db.execute("select count(*), min(payload->>'v') from pgqueue.jobs").fetchone() == (
+    assert db.execute("select count(*), min(payload->>'v') from pgqueue.all_jobs").fetchone() == (
         1,
         "1",
     )
@@ -156,7 +156,7 @@ def test_enqueue_many_returns_ids_in_input_order_and_honours_keys(db: psycopg.Co
     assert job(db, ids[2])["priority"] == 3
     last = job(db, ids[4])
     assert (last["kind"], last["queue"], last["max_attempts"]) == ("other", "q2", 9)
-    assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (4,)
+    assert db.execute("select count(*) from pgqueue.all_jobs").fetchone() == (4,)
 
 
 def test_enqueue_many_without_keys_returns_ids_in_input_order(db: psycopg.Connection) -> None:
@@ -169,7 +169,7 @@ def test_enqueue_many_without_keys_returns_ids_in_input_order(db: psycopg.Connec
         r[0]: r[1:]
         for r in db.execute(
             "select id, kind, payload, queue, priority, max_attempts, idempotency_key,"
-            " run_after <= now() from pgqueue.jobs"
+            " run_after <= now() from pgqueue.all_jobs"
         )
     }
     assert [rows[i][0] for i in ids] == [f"k{i}" for i in range(300)]
@@ -233,7 +233,7 @@ def test_fail_can_dead_letter_at_once_or_retry_after_a_given_delay(db: psycopg.C
         "select pgqueue.fail(%s, %s, 'rate limited', retry_in => interval '90 seconds')",
         (b, by_id[b]),
     ).fetchone() == ("queued",)
-    delay = db.execute("select run_after - now() from pgqueue.jobs where id = %s", (b,)).fetchone()[
+    delay = db.execute("select run_after - now() from pgqueue.all_jobs where id = %s", (b,)).fetchone()[
         0
     ]
     assert timedelta(seconds=89) < delay <= timedelta(seconds=90)
@@ -310,7 +310,7 @@ def test_sweeper_prunes_finished_jobs_past_retention_but_keeps_dead_letters_long
         ([ids[0], ids[1], ids[3]],),
     )
     assert db.execute("select pruned from pgqueue.sweep()").fetchone() == (2,)
-    remaining = [r[0] for r in db.execute("select id from pgqueue.jobs order by id")]
+    remaining = [r[0] for r in db.execute("select id from pgqueue.all_jobs order by id")]
     assert remaining == [ids[2], ids[3]]
 
 
@@ -442,12 +442,12 @@ def test_claims_and_sweeps_are_served_by_their_partial_indexes(db: psycopg.Conne
         "analyze pgqueue.jobs"
     )
     plans = {
-        "jobs_claim_idx": "select id from pgqueue.jobs where status = 'queued'"
+        "jobs_claim_idx": "select id from pgqueue.all_jobs where status = 'queued'"
         " and queue = 'default' and run_after <= now()"
         " order by priority desc, run_after, id limit 10 for update skip locked",
-        "jobs_lease_expiry_idx": "select id from pgqueue.jobs"
+        "jobs_lease_expiry_idx": "select id from pgqueue.all_jobs"
         " where status = 'running' and locked_until < now()",
-        "jobs_finished_idx": "select id from pgqueue.jobs where status in ('done', 'cancelled')"
+        "jobs_finished_idx": "select id from pgqueue.all_jobs where status in ('done', 'cancelled')"
         " and finished_at < now() - interval '7 days' limit 10000",
     }
     for index, query in plans.items():
@@ -465,7 +465,7 @@ def test_enqueue_refuses_a_payload_over_one_mebibyte(db: psycopg.Connection) -> 
     with pytest.raises(psycopg.errors.CheckViolation, match="jobs_payload_size_check"):
         db.execute("insert into pgqueue.jobs (kind, payload) values ('k', %s)", (big,))
     db.execute("select pgqueue.enqueue('fits', %s)", (Jsonb({"blob": "x" * 900_000}),))
-    assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (1,)
+    assert db.execute("select count(*) from pgqueue.all_jobs").fetchone() == (1,)
 
 
 def test_configuration_is_seeded_from_the_answers(config: dict) -> None:
@@ -487,7 +487,7 @@ def test_new_jobs_and_claims_follow_the_configuration(db: psycopg.Connection, co
     (many,) = db.execute('select pgqueue.enqueue_many(\'[{"kind": "a"}]\')').fetchone()
     inserted = db.execute("insert into pgqueue.jobs (kind) values ('a') returning id").fetchone()[0]
     explicit = db.execute("select pgqueue.enqueue('a', max_attempts => 2)").fetchone()[0]
-    attempts = dict(db.execute("select id, max_attempts from pgqueue.jobs").fetchall())
+    attempts = dict(db.execute("select id, max_attempts from pgqueue.all_jobs").fetchall())
     assert [attempts[i] for i in (enqueued, many, inserted, explicit)] == [9, 9, 9, 2]
     leases = db.execute(
         "select extract(epoch from locked_until - locked_at)::int from pgqueue.claim('w', 4)"
@@ -499,7 +499,7 @@ def test_new_jobs_and_claims_follow_the_configuration(db: psycopg.Connection, co
     ).fetchone()
     assert db.execute("select pgqueue.heartbeat(%s, %s)", (enqueued, token)).fetchone()[0]
     (left,) = db.execute(
-        "select extract(epoch from locked_until - now())::int from pgqueue.jobs where id = %s",
+        "select extract(epoch from locked_until - now())::int from pgqueue.all_jobs where id = %s",
         (enqueued,),
     ).fetchone()
     assert 40 <= left <= 42, "heartbeat without a lease argument renews the configured lease"

@@ -159,7 +159,7 @@ def test_update_keeps_user_edits_and_jobs_and_applies_the_new_migration(
             db.execute("select pgqueue.fail(%s, %s, 'boom')", (dead, dead_token))
             db.execute("select id from pgqueue.claim('w', kinds => array['d'])")
             before = db.execute(
-                "select id, kind, status, attempts from pgqueue.jobs order by id"
+                "select id, kind, status, attempts from pgqueue.all_jobs order by id"
             ).fetchall()
         assert [row[2] for row in before] == ["queued", "queued", "failed", "running"]
 
@@ -180,7 +180,7 @@ def test_update_keeps_user_edits_and_jobs_and_applies_the_new_migration(
         supabase(project, "migration", "up", "--db-url", cluster.url())
         with cluster.connect(autocommit=True) as db:
             after = db.execute(
-                "select id, kind, status, attempts from pgqueue.jobs order by id"
+                "select id, kind, status, attempts from pgqueue.all_jobs order by id"
             ).fetchall()
             assert after == before
             assert db.execute("select distinct region from pgqueue.jobs").fetchall() == [("eu",)]
@@ -191,7 +191,7 @@ def test_update_keeps_user_edits_and_jobs_and_applies_the_new_migration(
             wait_for_status(cluster, queued, "done", worker)
         assert worker.returncode == 0, "SIGTERM ends the worker cleanly"
         with cluster.connect() as db:
-            states = dict(db.execute("select id, status from pgqueue.jobs").fetchall())
+            states = dict(db.execute("select id, status from pgqueue.all_jobs").fetchall())
         assert [states[r[0]] for r in before] == ["done", "done", "failed", "running"]
     finally:
         cluster.destroy()
