@@ -182,3 +182,24 @@ def test_a_key_whose_job_finishes_while_an_enqueue_waits_on_it_is_not_doubled(
     assert results == [first]
     assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (0,)
     assert db.execute("select count(*) from pgqueue.all_jobs").fetchone() == (1,)
+
+
+def test_no_statement_of_the_hot_path_scans_the_job_table(db: psycopg.Connection) -> None:
+    enqueue_n(db, 5_000)
+    db.execute("analyze pgqueue.jobs")
+    batch = complete_and_claim(db, max_jobs=100)
+    plans: list[str] = []
+    db.add_notice_handler(lambda notice: plans.append(notice.message_primary or ""))
+    db.execute(
+        "load 'auto_explain'; set auto_explain.log_min_duration = 0;"
+        " set auto_explain.log_nested_statements = on; set client_min_messages = log"
+    )
+    try:
+        complete_and_claim(db, batch, max_jobs=100)
+    finally:
+        db.execute("reset client_min_messages; set auto_explain.log_min_duration = -1")
+    nested = "\n".join(p for p in plans if "pgqueue.jobs" in p)
+    assert "Seq Scan" not in nested, nested
+    assert "Index Scan using jobs_pkey" in nested, "completions find their jobs by id"
+    assert "Index Scan using jobs_claim_idx" in nested, "claims take jobs in claim order"
+    assert "Tid Scan" in nested, "and update the rows they locked by ctid"
