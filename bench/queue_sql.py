@@ -8,6 +8,8 @@ import multiprocessing
 import statistics
 import threading
 import time
+from collections.abc import Callable
+from multiprocessing.synchronize import Event as EventType
 
 import psycopg
 
@@ -25,17 +27,20 @@ def percentile(values: list[float], p: float) -> float:
 
 
 def reset(stack: Stack, queued: int = 0) -> None:
-    """An empty, vacuumed jobs table, then `queued` runnable no-op jobs (inserted in one
-    statement: setting up is not what is measured)."""
+    """An empty, vacuumed jobs table (and history table, where the migrations have one), then
+    `queued` runnable no-op jobs (inserted in one statement: setting up is not what is
+    measured)."""
     with stack.cluster.connect(autocommit=True) as conn:
-        conn.execute(f"truncate {S}.jobs")
+        history = conn.execute("select to_regclass(%s)", (f"{S}.job_history",)).fetchone()[0]
+        tables = [f"{S}.jobs", *([f"{S}.job_history"] if history else [])]
+        conn.execute(f"truncate {', '.join(tables)}")
         if queued:
             conn.execute(
                 f"insert into {S}.jobs (kind, payload) "
                 f"select 'noop', jsonb_build_object('n', n) from generate_series(1, %s) as n",
                 (queued,),
             )
-        conn.execute(f"vacuum analyze {S}.jobs")
+        conn.execute(f"vacuum analyze {', '.join(tables)}")
     wait_idle_autovacuum(stack)
 
 
@@ -73,7 +78,13 @@ def enqueue_many(stack: Stack, jobs: int) -> dict[str, float]:
     return {"jobs_per_s": jobs / elapsed}
 
 
-def _claim_loop(dsn: str, name: str, go: multiprocessing.Event, out: multiprocessing.Queue) -> None:
+# A claimer process: (dsn, worker name, go signal, results queue). It connects and warms up,
+# waits for the go signal, drains the queue, then puts (jobs completed, when it finished,
+# seconds spent in its claiming calls) on the queue.
+Claimer = Callable[[str, str, EventType, multiprocessing.Queue], None]
+
+
+def _claim_loop(dsn: str, name: str, go: EventType, out: multiprocessing.Queue) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         claim = f"select id, lock_token from {S}.claim(%s, %s, null, %s)"
         complete = f"select count(*) from {S}.complete_many(%s::bigint[], %s::uuid[])"
@@ -98,16 +109,19 @@ def claim_loop(stack: Stack, jobs: int, processes: int) -> dict[str, float]:
     """`processes` processes, each looping claim(100) + complete_many() until the queue is empty:
     the jobs/s the SQL API allows with a no-op handler and nothing else in the way."""
     reset(stack, queued=jobs)
-    return {"jobs_per_s": _run_claimers(stack, jobs, processes)[0]}
+    return {"jobs_per_s": run_claimers(stack.dsn(), jobs, processes)[0]}
 
 
-def _run_claimers(stack: Stack, jobs: int, processes: int) -> tuple[float, float]:
-    """jobs/s, and microseconds per claimed row spent in claim() calls."""
+def run_claimers(
+    dsn: str, jobs: int, processes: int, claimer: Claimer = _claim_loop
+) -> tuple[float, float]:
+    """Start `processes` claimers on the database at `dsn`, give them the go together once they
+    are warmed up, and wait until they have drained `jobs` jobs: jobs/s, and microseconds per
+    job spent in their claiming calls."""
     ctx = multiprocessing.get_context("fork")
     go, out = ctx.Event(), ctx.Queue()
     procs = [
-        ctx.Process(target=_claim_loop, args=(stack.dsn(), f"bench-{i}", go, out))
-        for i in range(processes)
+        ctx.Process(target=claimer, args=(dsn, f"bench-{i}", go, out)) for i in range(processes)
     ]
     for proc in procs:
         proc.start()
@@ -131,7 +145,7 @@ def finished_rows(stack: Stack, jobs: int, finished: int, repeats: int) -> dict[
     empty, empty_claim = [], []
     for _ in range(repeats):
         reset(stack, queued=jobs)
-        rate, claim_us = _run_claimers(stack, jobs, 1)
+        rate, claim_us = run_claimers(stack.dsn(), jobs, 1)
         empty.append(rate)
         empty_claim.append(claim_us)
     full, full_claim = [], []
@@ -154,7 +168,7 @@ def finished_rows(stack: Stack, jobs: int, finished: int, repeats: int) -> dict[
             )
             conn.execute(f"vacuum analyze {S}.jobs")
         wait_idle_autovacuum(stack)
-        rate, claim_us = _run_claimers(stack, jobs, 1)
+        rate, claim_us = run_claimers(stack.dsn(), jobs, 1)
         full.append(rate)
         full_claim.append(claim_us)
     return {
