@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from . import generated_worker, queue_sql, report, sql_variants, wakeups
+from . import generated_worker, peers, queue_sql, report, sql_variants, wakeups
 from . import stack as stack_module
 from .stack import REPO, Stack
 
@@ -108,8 +108,16 @@ def scenarios(sizes: Sizes) -> dict[str, Callable[[Stack], Figures]]:
     return {
         "commit_latency": lambda s: queue_sql.commit_latency(s, samples=200),
         "enqueue_many": lambda s: queue_sql.enqueue_many(s, sizes.enqueue_jobs),
+        "pgmq_send_batch": lambda s: peers.pgmq_send_batch(s, sizes.enqueue_jobs),
         "sql_claim_1proc": lambda s: queue_sql.claim_loop(s, sizes.jobs, processes=1),
         "sql_claim_4proc": lambda s: queue_sql.claim_loop(s, sizes.jobs, processes=4),
+        **{
+            f"pgmq_read_{finish}_{processes}proc": lambda s, f=finish, p=processes: (
+                peers.pgmq_drain(s, sizes.jobs, p, f)
+            )
+            for finish in ("delete", "archive")
+            for processes in (1, 4)
+        },
         "notify_latency": lambda s: queue_sql.notify_latency(
             s, sizes.latency_samples, sizes.latency_rate
         ),
@@ -121,8 +129,8 @@ def scenarios(sizes: Sizes) -> dict[str, Callable[[Stack], Figures]]:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bench/run",
-        description="Benchmark the generated queue against pgqueuer and procrastinate on a "
-        "local cluster with durable commits. Prints a table, writes JSON.",
+        description="Benchmark the generated queue against pgmq, pgqueuer and procrastinate on "
+        "a local cluster with durable commits. Prints a table, writes JSON.",
         epilog="scenarios: "
         + ", ".join(_known(FULL))
         + ". Method and latest figures: docs/performance.md",

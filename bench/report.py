@@ -7,9 +7,29 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-PEERS = ("pgqueuer", "procrastinate")
-# Which of a peer's figures a figure of ours is compared with (same kind of work).
+PEERS = ("pgqueuer", "procrastinate", "pgmq")
+# Which of pgqueuer's and procrastinate's figures a figure of ours is compared with (same kind
+# of work).
 COMPARE_WITH = {"jobs_per_s": "drain_jobs_per_s", "enqueue_jobs_per_s": "enqueue_jobs_per_s"}
+
+
+def is_peer(scenario: str) -> bool:
+    return scenario in PEERS or scenario.startswith("pgmq_")
+
+
+def peer_figure(peer: str, scenario: str, figure: str) -> tuple[str, str] | None:
+    """(scenario, figure) of `peer` that `figure` of our `scenario` is compared with, if any.
+    pgmq has a scenario per process count: a drain is compared with pgmq's read + delete at
+    the same number of processes, enqueue_many with send_batch."""
+    kind = "enqueue_jobs_per_s" if scenario == "enqueue_many" else figure
+    if peer != "pgmq":
+        return (peer, COMPARE_WITH[kind]) if kind in COMPARE_WITH else None
+    if kind == "enqueue_jobs_per_s":
+        return ("pgmq_send_batch", "jobs_per_s")
+    for processes in ("1proc", "4proc"):
+        if figure == "jobs_per_s" and scenario.endswith(f"_{processes}"):
+            return (f"pgmq_read_delete_{processes}", "jobs_per_s")
+    return None
 
 
 def unit_of(figure: str) -> str:
@@ -43,13 +63,12 @@ def summarize(raw: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
             if values
         }
     for scenario, figures in out.items():
-        if scenario in PEERS:
+        if is_peer(scenario):
             continue
         for figure, summary in figures.items():
-            kind = "enqueue_jobs_per_s" if scenario == "enqueue_many" else figure
-            peer_figure = COMPARE_WITH.get(kind)
             for peer in PEERS:
-                peer_summary = out.get(peer, {}).get(peer_figure or "")
+                theirs = peer_figure(peer, scenario, figure)
+                peer_summary = out.get(theirs[0], {}).get(theirs[1]) if theirs else None
                 if peer_summary and peer_summary["median"]:
                     summary[f"vs_{peer}"] = round(summary["median"] / peer_summary["median"], 2)
     return out
@@ -97,8 +116,10 @@ def table(summary: dict[str, Any]) -> str:
 
 def markdown_table(summary: dict[str, Any]) -> str:
     """The same table in Markdown, for docs/performance.md."""
-    head = "| scenario | figure | unit | median | min | max | x pgqueuer | x procrastinate |"
-    lines = [head, "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    head = "| scenario | figure | unit | median | min | max | " + " | ".join(
+        f"x {peer}" for peer in PEERS
+    )
+    lines = [head + " |", "| --- | --- | --- | ---: | ---: | ---: |" + " ---: |" * len(PEERS)]
     for scenario, figures in summary.items():
         for figure, s in figures.items():
             ratios = [s.get(f"vs_{peer}") for peer in PEERS]
