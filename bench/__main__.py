@@ -26,7 +26,7 @@ Figures = dict[str, float]
 class Sizes:
     jobs: int  # jobs drained per drain/claim figure
     enqueue_jobs: int
-    finished: int  # finished rows kept in the table for the table-size figure
+    finished: int  # finished jobs kept in pgqueue.job_history for the finished_rows figure
     supabase_jobs: int  # the supabase transport pays an HTTP request per call
     pgqueuer_jobs: int
     procrastinate_jobs: int
@@ -111,6 +111,8 @@ def scenarios(sizes: Sizes) -> dict[str, Callable[[Stack], Figures]]:
         "pgmq_send_batch": lambda s: peers.pgmq_send_batch(s, sizes.enqueue_jobs),
         "sql_claim_1proc": lambda s: queue_sql.claim_loop(s, sizes.jobs, processes=1),
         "sql_claim_4proc": lambda s: queue_sql.claim_loop(s, sizes.jobs, processes=4),
+        "sql_hot_1proc": lambda s: queue_sql.hot_loop(s, sizes.jobs, processes=1),
+        "sql_hot_4proc": lambda s: queue_sql.hot_loop(s, sizes.jobs, processes=4),
         **{
             f"pgmq_read_{finish}_{processes}proc": lambda s, f=finish, p=processes: (
                 peers.pgmq_drain(s, sizes.jobs, p, f)

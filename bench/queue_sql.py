@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import queue
 import statistics
 import threading
 import time
 from collections.abc import Callable
+from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event as EventType
 
 import psycopg
@@ -112,6 +114,55 @@ def claim_loop(stack: Stack, jobs: int, processes: int) -> dict[str, float]:
     return {"jobs_per_s": run_claimers(stack.dsn(), jobs, processes)[0]}
 
 
+HOT_PATH = (
+    f"select id, lock_token from {S}.complete_and_claim(%s, %s::bigint[], %s::uuid[], %s, null, %s)"
+)
+
+
+def _hot_loop(dsn: str, name: str, go: EventType, out: multiprocessing.Queue) -> None:
+    """complete_and_claim() in a loop, each call completing the batch the previous one
+    claimed: the call that finds the queue empty completes the last batch."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        # Warm up on an empty queue: statement prepared, the function's plans cached.
+        conn.execute(HOT_PATH, (name, [], [], CLAIM_BATCH, "warm-up"), prepare=True).fetchall()
+        go.wait()
+        done = 0
+        calling = 0.0  # time spent in complete_and_claim() calls, commits included
+        ids: list[int] = []
+        tokens: list[object] = []
+        while True:
+            began = time.perf_counter()
+            rows = conn.execute(
+                HOT_PATH, (name, ids, tokens, CLAIM_BATCH, "default"), prepare=True
+            ).fetchall()
+            calling += time.perf_counter() - began
+            done += len(ids)
+            if not rows:
+                break
+            ids, tokens = [job_id for job_id, _ in rows], [token for _, token in rows]
+        out.put((done, time.perf_counter(), calling))
+
+
+def hot_loop(stack: Stack, jobs: int, processes: int) -> dict[str, float]:
+    """`processes` processes, each looping complete_and_claim(100) until the queue is empty:
+    the hot path's jobs/s, one round trip and one commit per batch."""
+    reset(stack, queued=jobs)
+    rate = run_claimers(stack.dsn(), jobs, processes, _hot_loop)[0]
+    _check_all_done(stack, jobs)
+    return {"jobs_per_s": rate}
+
+
+def _check_all_done(stack: Stack, jobs: int) -> None:
+    """The hot path reports no completions back: check that every job reached the history."""
+    with stack.cluster.connect() as conn:
+        left = conn.execute(f"select count(*) from {S}.jobs").fetchone()[0]
+        done = conn.execute(
+            f"select count(*) from {S}.job_history where status = 'done'"
+        ).fetchone()[0]
+    if left or done != jobs:
+        raise RuntimeError(f"complete_and_claim: {left} jobs left, {done} of {jobs} done")
+
+
 def run_claimers(
     dsn: str, jobs: int, processes: int, claimer: Claimer = _claim_loop
 ) -> tuple[float, float]:
@@ -128,7 +179,7 @@ def run_claimers(
     time.sleep(0.3 + 0.1 * processes)  # connected and warmed up
     started = time.perf_counter()
     go.set()
-    results = [out.get(timeout=600) for _ in procs]
+    results = _results(out, procs, timeout=600)
     for proc in procs:
         proc.join()
     done = sum(count for count, _, _ in results)
@@ -138,48 +189,67 @@ def run_claimers(
     return jobs / elapsed, sum(claiming for _, _, claiming in results) / jobs * 1e6
 
 
+def _results(out: multiprocessing.Queue, procs: list[BaseProcess], timeout: float) -> list:
+    """What each of `procs` put on `out`. Fails as soon as one of them dies (its traceback is
+    on stderr) instead of waiting out `timeout`."""
+    results: list = []
+    deadline = time.monotonic() + timeout
+    while len(results) < len(procs):
+        try:
+            results.append(out.get(timeout=0.5))
+        except queue.Empty:
+            died = [p for p in procs if p.exitcode not in (None, 0)]
+            if died or time.monotonic() > deadline:
+                for proc in procs:
+                    proc.kill()
+                why = f"{len(died)} died" if died else f"no answer in {timeout:.0f}s"
+                raise RuntimeError(f"bench processes: {why}; see their output above") from None
+    return results
+
+
 def finished_rows(stack: Stack, jobs: int, finished: int, repeats: int) -> dict[str, list[float]]:
-    """claim(100)+complete_many jobs/s (one process) on an empty table, then with `finished`
-    done jobs kept in it (vacuumed and analyzed, as autovacuum leaves a table at rest); and
-    the claim() calls' own cost per row, which is what the table's size could slow down."""
-    empty, empty_claim = [], []
+    """complete_and_claim(100) jobs/s (one process) with an empty history, then with `finished`
+    done jobs kept in pgqueue.job_history (vacuumed and analyzed, as autovacuum leaves a
+    table at rest); and the calls' own cost per job, which the history's size could slow
+    down."""
+    empty, empty_call = [], []
     for _ in range(repeats):
         reset(stack, queued=jobs)
-        rate, claim_us = run_claimers(stack.dsn(), jobs, 1)
+        rate, call_us = run_claimers(stack.dsn(), jobs, 1, _hot_loop)
         empty.append(rate)
-        empty_claim.append(claim_us)
-    full, full_claim = [], []
+        empty_call.append(call_us)
+    full, full_call = [], []
     reset(stack)
     with stack.cluster.connect(autocommit=True) as conn:
+        # ids from the jobs' own sequence, as the finished jobs would have had
         conn.execute(
-            f"insert into {S}.jobs (kind, payload, status, attempts, created_at, run_after, "
-            f"finished_at) select 'noop', jsonb_build_object('n', n), 'done', 1, "
-            f"now() - interval '1 hour', now() - interval '1 hour', now() - interval '1 hour' "
-            f"from generate_series(1, %s) as n",
+            f"insert into {S}.job_history (id, queue, kind, status, priority, attempts, "
+            f"max_attempts, created_at, finished_at) "
+            f"select nextval('{S}.jobs_id_seq'), 'default', 'noop', 'done', 0, 1, 5, "
+            f"now() - interval '2 hours', now() - interval '1 hour' "
+            f"from generate_series(1, %s)",
             (finished,),
         )
     for _ in range(repeats):
         with stack.cluster.connect(autocommit=True) as conn:
-            # the previous repeat's jobs are finished rows now too
+            # the previous repeat's jobs are in the history now too
             conn.execute(
                 f"insert into {S}.jobs (kind, payload) "
                 f"select 'noop', jsonb_build_object('n', n) from generate_series(1, %s) as n",
                 (jobs,),
             )
-            conn.execute(f"vacuum analyze {S}.jobs")
+            conn.execute(f"vacuum analyze {S}.jobs, {S}.job_history")
         wait_idle_autovacuum(stack)
-        rate, claim_us = run_claimers(stack.dsn(), jobs, 1)
+        rate, call_us = run_claimers(stack.dsn(), jobs, 1, _hot_loop)
         full.append(rate)
-        full_claim.append(claim_us)
+        full_call.append(call_us)
     return {
         "empty_jobs_per_s": empty,
         "full_jobs_per_s": full,
         "full_vs_empty": [statistics.median(full) / statistics.median(empty)],
-        "empty_claim_us_per_row": empty_claim,
-        "full_claim_us_per_row": full_claim,
-        "claim_cost_full_vs_empty": [
-            statistics.median(full_claim) / statistics.median(empty_claim)
-        ],
+        "empty_call_us_per_job": empty_call,
+        "full_call_us_per_job": full_call,
+        "call_cost_full_vs_empty": [statistics.median(full_call) / statistics.median(empty_call)],
     }
 
 
