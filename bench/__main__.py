@@ -37,11 +37,22 @@ class Sizes:
     wakeup_200_samples: int
     isolated_samples: int
     isolated_every: float
+    # the churn scenario: jobs through the table, the claim rate of each `churn_segment` of
+    # them, with about `churn_backlog` queued at a time
+    churn_jobs: int
+    churn_segment: int
+    churn_backlog: int
 
 
-FULL = Sizes(20_000, 100_000, 1_000_000, 5_000, 20_000, 1_000, 500, 100.0, 250, 600, 15, 2.0)
+FULL = Sizes(
+    20_000, 100_000, 1_000_000, 5_000, 20_000, 1_000, 500, 100.0, 250, 600, 15, 2.0,
+    churn_jobs=500_000, churn_segment=50_000, churn_backlog=10_000,
+)  # fmt: skip
 # (isolated jobs closer together than in a real run: the smoke run only checks that it works)
-SMOKE = Sizes(300, 1_000, 2_000, 100, 300, 30, 20, 100.0, 10, 20, 2, 0.5)
+SMOKE = Sizes(
+    300, 1_000, 2_000, 100, 300, 30, 20, 100.0, 10, 20, 2, 0.5,
+    churn_jobs=3_000, churn_segment=500, churn_backlog=500,
+)  # fmt: skip
 TRANSPORTS = ("postgres", "supabase")
 
 
@@ -120,6 +131,9 @@ def scenarios(sizes: Sizes) -> dict[str, Callable[[Stack], Figures]]:
             for finish in ("delete", "archive")
             for processes in (1, 4)
         },
+        "churn": lambda s: queue_sql.churn(
+            s, sizes.churn_jobs, sizes.churn_segment, sizes.churn_backlog
+        ),
         "notify_latency": lambda s: queue_sql.notify_latency(
             s, sizes.latency_samples, sizes.latency_rate
         ),

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
+from multiprocessing.sharedctypes import Synchronized
 from multiprocessing.synchronize import Event as EventType
 
 import psycopg
@@ -205,6 +206,115 @@ def _results(out: multiprocessing.Queue, procs: list[BaseProcess], timeout: floa
                 why = f"{len(died)} died" if died else f"no answer in {timeout:.0f}s"
                 raise RuntimeError(f"bench processes: {why}; see their output above") from None
     return results
+
+
+CHURN_CLAIMERS = 2
+
+
+def _churn_enqueuer(
+    dsn: str, jobs: int, backlog: int, go: EventType, enqueued: EventType, claimed: Synchronized
+) -> None:
+    """enqueue_many() in batches of ENQUEUE_BATCH whenever fewer than `backlog` jobs are queued,
+    until `jobs` (those queued before the go included) have been enqueued."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        enqueue = f"select count(*) from {S}.enqueue_many(%s::jsonb)"
+        go.wait()
+        sent = backlog  # queued before the go
+        try:
+            while sent < jobs:
+                if sent - claimed.value >= backlog:
+                    time.sleep(0.001)
+                    continue
+                size = min(ENQUEUE_BATCH, jobs - sent)
+                batch = [{"kind": "noop", "payload": {"n": n}} for n in range(sent, sent + size)]
+                conn.execute(enqueue, (json.dumps(batch),), prepare=True)
+                sent += size
+        finally:
+            enqueued.set()  # (if it failed too: the claimers stop, the check below fails)
+
+
+def _churn_claimer(
+    dsn: str,
+    name: str,
+    go: EventType,
+    enqueued: EventType,
+    claimed: Synchronized,
+    out: multiprocessing.Queue,
+) -> None:
+    """_hot_loop, waiting for more jobs while the enqueuer is at work; puts (when, jobs) of
+    each claim on `out`."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(HOT_PATH, (name, [], [], CLAIM_BATCH, "warm-up"), prepare=True).fetchall()
+        go.wait()
+        claims: list[tuple[float, int]] = []
+        ids: list[int] = []
+        tokens: list[object] = []
+        while True:
+            last = enqueued.is_set()  # before the call: then an empty answer means drained
+            rows = conn.execute(
+                HOT_PATH, (name, ids, tokens, CLAIM_BATCH, "default"), prepare=True
+            ).fetchall()
+            ids, tokens = [job_id for job_id, _ in rows], [token for _, token in rows]
+            if rows:
+                claims.append((time.perf_counter(), len(rows)))
+                with claimed.get_lock():
+                    claimed.value += len(rows)
+            elif last:
+                break
+            else:
+                time.sleep(0.001)
+        out.put(claims)
+
+
+def churn(stack: Stack, jobs: int, segment: int, backlog: int) -> dict[str, float]:
+    """`jobs` jobs through the table as in production: one process enqueues in batches,
+    topping the queue up to about `backlog` jobs, while CHURN_CLAIMERS processes drain with
+    complete_and_claim(100). No vacuum but autovacuum's, at its defaults and the table's
+    own settings. The claim rate of each `segment` jobs in turn, and the last's over the
+    first's: does the table slow down as dead rows pile up?"""
+    reset(stack, queued=backlog)
+    ctx = multiprocessing.get_context("fork")
+    go, enqueued, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    claimed = ctx.Value("q", 0)
+    dsn = stack.dsn()
+    procs = [
+        ctx.Process(target=_churn_enqueuer, args=(dsn, jobs, backlog, go, enqueued, claimed)),
+        *(
+            ctx.Process(target=_churn_claimer, args=(dsn, f"churn-{i}", go, enqueued, claimed, out))
+            for i in range(CHURN_CLAIMERS)
+        ),
+    ]
+    autovacuums_before = _autovacuums(stack)
+    for proc in procs:
+        proc.start()
+    time.sleep(0.5)  # connected and warmed up
+    started = time.perf_counter()
+    go.set()
+    claims = sorted(c for result in _results(out, procs[1:], timeout=1800) for c in result)
+    for proc in procs:
+        proc.join()
+    _check_all_done(stack, jobs)
+    # when the claims reached each multiple of `segment`
+    ends, total = [], 0
+    for at, count in claims:
+        total += count
+        while total >= segment * (len(ends) + 1):
+            ends.append(at)
+    rates = [segment / (end - begin) for begin, end in zip([started, *ends], ends, strict=False)]
+    figures = {f"segment_{n:02d}_jobs_per_s": rate for n, rate in enumerate(rates, 1)}
+    figures["overall_jobs_per_s"] = jobs / (claims[-1][0] - started)
+    figures["last_vs_first"] = rates[-1] / rates[0]
+    figures["autovacuums"] = _autovacuums(stack) - autovacuums_before
+    return figures
+
+
+def _autovacuums(stack: Stack) -> int:
+    """Autovacuum runs on the jobs table so far."""
+    with stack.cluster.connect() as conn:
+        return conn.execute(
+            "select autovacuum_count from pg_stat_user_tables where relid = %s::regclass",
+            (f"{S}.jobs",),
+        ).fetchone()[0]
 
 
 def finished_rows(stack: Stack, jobs: int, finished: int, repeats: int) -> dict[str, list[float]]:

@@ -39,6 +39,7 @@ def unit_of(figure: str) -> str:
         ("jobs_per_s", "jobs/s"),
         ("_ms", "ms"),
         ("samples", "jobs"),
+        ("autovacuums", "runs"),
     )
     for marker, unit in markers:
         if marker in figure:
