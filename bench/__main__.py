@@ -249,9 +249,12 @@ def main(argv: list[str] | None = None) -> int:
     document["elapsed_s"] = round((datetime.now(UTC) - started).total_seconds(), 1)
     document["scenarios"] = report.summarize(raw)
     document["targets"] = wakeups.targets(document["scenarios"])
+    document["ratio_targets"] = report.ratio_targets(document["scenarios"])
     print(report.table(document["scenarios"]))
     if document["targets"]:
         print(wakeups.targets_table(document["targets"]))
+    if document["ratio_targets"]:
+        print(report.ratio_targets_table(document["ratio_targets"]))
     report.write_json(out, document)
     print(f"bench: wrote {out}", file=sys.stderr)
     return 0

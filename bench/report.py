@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,78 @@ def summarize(raw: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
                 if peer_summary and peer_summary["median"]:
                     summary[f"vs_{peer}"] = round(summary["median"] / peer_summary["median"], 2)
     return out
+
+
+@dataclass(frozen=True)
+class RatioTarget:
+    """`figure` of `scenario` over the same figure of `over` (or, without `over`, the figure
+    itself, a ratio measured within the scenario) is at least `minimum`."""
+
+    scenario: str
+    figure: str
+    minimum: float
+    over: str | None = None
+
+
+# Issue 16's targets, each a ratio measured in the same run.
+RATIO_TARGETS = (
+    # the SQL API's hot path against pgmq's read + delete
+    RatioTarget("sql_hot_1proc", "jobs_per_s", 1.5, "pgmq_read_delete_1proc"),
+    RatioTarget("sql_hot_4proc", "jobs_per_s", 1.5, "pgmq_read_delete_4proc"),
+    # the generated worker, handler path and all, against pgmq's raw SQL
+    RatioTarget("worker_postgres_1proc", "jobs_per_s", 1.2, "pgmq_read_delete_1proc"),
+    RatioTarget("worker_postgres_4proc", "jobs_per_s", 1.2, "pgmq_read_delete_4proc"),
+    RatioTarget("enqueue_many", "jobs_per_s", 1.5, "pgmq_send_batch"),
+    # over the Data API (an HTTP request per call)
+    RatioTarget("worker_supabase_1proc", "jobs_per_s", 0.6, "pgmq_read_delete_1proc"),
+    RatioTarget("worker_supabase_4proc", "jobs_per_s", 0.6, "pgmq_read_delete_4proc"),
+    # after 500,000 jobs through the table, at least 70% of the starting claim rate
+    RatioTarget("churn", "last_vs_first", 0.7),
+    # with 1,000,000 jobs in the history, claims within 10% of an empty one
+    RatioTarget("finished_rows", "full_vs_empty", 0.9),
+)
+
+
+def ratio_targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each target whose scenarios were measured: the ratio of the medians, the worst run's
+    (run n of one scenario over run n of the other), and whether the median ratio meets it."""
+    rows = []
+    for target in RATIO_TARGETS:
+        ours = summary.get(target.scenario, {}).get(target.figure)
+        theirs = summary.get(target.over, {}).get(target.figure) if target.over else None
+        if ours is None or (target.over and not theirs):
+            continue
+        if theirs:
+            ratio = ours["median"] / theirs["median"]
+            runs = [a / b for a, b in zip(ours["values"], theirs["values"], strict=False)]
+        else:
+            ratio, runs = ours["median"], ours["values"]
+        rows.append(
+            {
+                "scenario": target.scenario,
+                "figure": target.figure,
+                "over": target.over,
+                "minimum": target.minimum,
+                "ratio": round(ratio, 3),
+                "worst_ratio": round(min(runs), 3),
+                "met": ratio >= target.minimum,
+            }
+        )
+    return rows
+
+
+def ratio_targets_table(rows: list[dict[str, Any]]) -> str:
+    lines = []
+    for row in rows:
+        what = f"{row['scenario']} {row['figure']}"
+        if row["over"]:
+            what += f" / {row['over']}"
+        verdict = "met" if row["met"] else "NOT met"
+        lines.append(
+            f"target {what}: {row['ratio']:.2f}x (worst run {row['worst_ratio']:.2f}x) "
+            f">= {row['minimum']}x: {verdict}"
+        )
+    return "\n".join(lines)
 
 
 def _number(value: float | None) -> str:
