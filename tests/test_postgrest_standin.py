@@ -246,7 +246,7 @@ def test_rpc_errors_keep_the_sqlstate_and_roll_back(standin, db):
     assert err.value.code == "22P02"
     response = post(standin, "enqueue_many", {"jobs": {"kind": "x"}}, service_role())
     assert (response.status_code, response.json()["code"]) == (400, "22023")
-    assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (0,)
+    assert db.execute("select count(*) from pgqueue.all_jobs").fetchone() == (0,)
 
 
 def test_a_stable_function_runs_read_only(standin):
@@ -372,14 +372,14 @@ def test_api_roles_are_refused_every_queue_function_and_view(standin, db, role):
         with pytest.raises(APIError) as err:
             q.table(view).select("*").execute()
         assert err.value.code == "42501", view
-    assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (0,)
+    assert db.execute("select count(*) from pgqueue.all_jobs").fetchone() == (0,)
 
 
 def test_without_a_token_the_queue_is_refused_as_anon(standin, db):
     response = post(standin, "enqueue", {"kind": "x"})
     assert (response.status_code, response.json()["code"]) == (401, "42501")
     assert response.headers["www-authenticate"] == "Bearer"
-    assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (0,)
+    assert db.execute("select count(*) from pgqueue.all_jobs").fetchone() == (0,)
 
 
 def test_bad_tokens_are_401_pgrst301(standin, db):
@@ -403,7 +403,7 @@ def test_bad_tokens_are_401_pgrst301(standin, db):
         assert "invalid_token" in response.headers["www-authenticate"]
     response = post(standin, "enqueue", {"kind": "x"}, Authorization=f"Basic {service_role()}")
     assert (response.status_code, response.json()["code"]) == (401, "PGRST301")
-    assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (0,)
+    assert db.execute("select count(*) from pgqueue.all_jobs").fetchone() == (0,)
 
 
 def test_roles_the_login_role_cannot_become_are_refused(standin):
@@ -492,7 +492,7 @@ def test_what_the_generated_code_does_not_call_is_refused_with_501(standin, db):
             request.execute()
         assert err.value.code == "PGRST127", what
         assert "testkit/postgrest.py" in (err.value.details or ""), what
-    assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (0,)
+    assert db.execute("select count(*) from pgqueue.all_jobs").fetchone() == (0,)
 
 
 # --- under load ---------------------------------------------------------------------------
@@ -530,5 +530,5 @@ def test_concurrent_clients_claim_each_job_once(standin, db):
         t.join(timeout=120)
     assert not errors, errors[:3]
     assert sorted(completed) == sorted(ids)
-    done = db.execute("select count(*) from pgqueue.jobs where status = 'done'").fetchone()
+    done = db.execute("select count(*) from pgqueue.all_jobs where status = 'done'").fetchone()
     assert done == (total,)

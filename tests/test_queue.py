@@ -28,6 +28,20 @@ def claim(db: psycopg.Connection, max_jobs: int = 1, **kw) -> list[dict]:
         return cur.execute(sql, {"max_jobs": max_jobs, **kw}).fetchall()
 
 
+def finish(db: psycopg.Connection, ids: list[int], status: str, ago: str) -> None:
+    """Move jobs to the history as finished `ago` (as their workers or the sweeper would have,
+    only sooner)."""
+    db.execute(
+        "with r as (delete from pgqueue.jobs where id = any(%(ids)s) returning *)"
+        " insert into pgqueue.job_history (id, queue, kind, status, priority, attempts,"
+        " max_attempts, payload, idempotency_key, created_at, finished_at)"
+        " select id, queue, kind, %(status)s, priority, attempts, max_attempts,"
+        " case when %(status)s <> 'done' then payload end, idempotency_key, created_at,"
+        " now() - %(ago)s::interval from r",
+        {"ids": ids, "status": status, "ago": ago},
+    )
+
+
 def expire_lease(db: psycopg.Connection, job_id: int) -> None:
     db.execute(
         "update pgqueue.jobs set locked_until = now() - interval '1 second' where id = %s",
@@ -76,7 +90,7 @@ def test_eight_concurrent_claimers_drain_ten_thousand_jobs_exactly_once(
     assert len(completions) == 10_000
     assert set(completions.values()) == {1}, "a job was completed twice"
     assert db.execute(
-        "select status, attempts, count(*) from pgqueue.jobs group by 1, 2"
+        "select status, attempts, count(*) from pgqueue.all_jobs group by 1, 2"
     ).fetchall() == [("done", 1, 10_000)]
 
 
@@ -129,7 +143,7 @@ def test_enqueue_is_idempotent_on_its_key(db: psycopg.Connection) -> None:
     first = db.execute("select pgqueue.enqueue('k', '{\"v\": 1}', idempotency_key => 'order-1')")
     again = db.execute("select pgqueue.enqueue('k', '{\"v\": 2}', idempotency_key => 'order-1')")
     assert first.fetchone() == again.fetchone()
-    assert db.execute("select count(*), min(payload->>'v') from pgqueue.jobs").fetchone() == (
+    assert db.execute("select count(*), min(payload->>'v') from pgqueue.all_jobs").fetchone() == (
         1,
         "1",
     )
@@ -156,7 +170,7 @@ def test_enqueue_many_returns_ids_in_input_order_and_honours_keys(db: psycopg.Co
     assert job(db, ids[2])["priority"] == 3
     last = job(db, ids[4])
     assert (last["kind"], last["queue"], last["max_attempts"]) == ("other", "q2", 9)
-    assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (4,)
+    assert db.execute("select count(*) from pgqueue.all_jobs").fetchone() == (4,)
 
 
 def test_enqueue_many_without_keys_returns_ids_in_input_order(db: psycopg.Connection) -> None:
@@ -169,7 +183,7 @@ def test_enqueue_many_without_keys_returns_ids_in_input_order(db: psycopg.Connec
         r[0]: r[1:]
         for r in db.execute(
             "select id, kind, payload, queue, priority, max_attempts, idempotency_key,"
-            " run_after <= now() from pgqueue.jobs"
+            " run_after <= now() from pgqueue.all_jobs"
         )
     }
     assert [rows[i][0] for i in ids] == [f"k{i}" for i in range(300)]
@@ -233,9 +247,9 @@ def test_fail_can_dead_letter_at_once_or_retry_after_a_given_delay(db: psycopg.C
         "select pgqueue.fail(%s, %s, 'rate limited', retry_in => interval '90 seconds')",
         (b, by_id[b]),
     ).fetchone() == ("queued",)
-    delay = db.execute("select run_after - now() from pgqueue.jobs where id = %s", (b,)).fetchone()[
-        0
-    ]
+    delay = db.execute(
+        "select run_after - now() from pgqueue.all_jobs where id = %s", (b,)
+    ).fetchone()[0]
     assert timedelta(seconds=89) < delay <= timedelta(seconds=90)
 
 
@@ -306,11 +320,11 @@ def test_sweeper_prunes_finished_jobs_past_retention_but_keeps_dead_letters_long
         db.execute("select pgqueue.complete(%s, %s)", (i, claimed[i]))
     db.execute("select pgqueue.fail(%s, %s, 'x', retryable => false)", (ids[3], claimed[ids[3]]))
     db.execute(
-        "update pgqueue.jobs set finished_at = now() - interval '8 days' where id = any(%s)",
+        "update pgqueue.job_history set finished_at = now() - interval '8 days' where id = any(%s)",
         ([ids[0], ids[1], ids[3]],),
     )
     assert db.execute("select pruned from pgqueue.sweep()").fetchone() == (2,)
-    remaining = [r[0] for r in db.execute("select id from pgqueue.jobs order by id")]
+    remaining = [r[0] for r in db.execute("select id from pgqueue.all_jobs order by id")]
     assert remaining == [ids[2], ids[3]]
 
 
@@ -408,6 +422,7 @@ def test_service_role_has_exactly_the_worker_api(db: psycopg.Connection) -> None
         "release",
         "retry",
         "cancel",
+        "complete_and_claim",
         "sweep",
         "configure",
         "default_max_attempts",
@@ -435,24 +450,49 @@ def test_every_security_definer_function_pins_an_empty_search_path(
     assert [name for name, config in rows if config != ['search_path=""']] == []
 
 
-def test_claims_and_sweeps_are_served_by_their_partial_indexes(db: psycopg.Connection) -> None:
-    enqueue_n(db, 20_000)
-    db.execute(
-        "update pgqueue.jobs set status = 'done', finished_at = now() where id % 4 <> 0;"
-        "analyze pgqueue.jobs"
-    )
+def test_claims_and_the_history_are_served_by_their_indexes(db: psycopg.Connection) -> None:
+    ids = enqueue_n(db, 20_000)
+    finish(db, ids[:15_000], "done", "1 hour")
+    finish(db, ids[15_000:15_010], "failed", "1 hour")
+    db.execute("analyze pgqueue.jobs; analyze pgqueue.job_history")
     plans = {
         "jobs_claim_idx": "select id from pgqueue.jobs where status = 'queued'"
         " and queue = 'default' and run_after <= now()"
         " order by priority desc, run_after, id limit 10 for update skip locked",
-        "jobs_lease_expiry_idx": "select id from pgqueue.jobs"
-        " where status = 'running' and locked_until < now()",
-        "jobs_finished_idx": "select id from pgqueue.jobs where status in ('done', 'cancelled')"
-        " and finished_at < now() - interval '7 days' limit 10000",
+        "job_history_finished_brin": "select id from pgqueue.job_history"
+        " where status in ('done', 'cancelled') and finished_at < now() - interval '7 days'"
+        " limit 10000",
+        "job_history_kept_idx": "select * from pgqueue.dead_letters",
+        "job_history_id_brin": f"select * from pgqueue.job_history where id = {ids[10]}",
     }
     for index, query in plans.items():
         plan = "\n".join(r[0] for r in db.execute(f"explain {query}"))
         assert index in plan, plan
+
+
+def test_finished_jobs_leave_the_job_table_for_the_history(db: psycopg.Connection) -> None:
+    done, dead, cancelled, waiting = enqueue_n(db, 4)
+    tokens = {j["id"]: j["lock_token"] for j in claim(db, 2)}
+    db.execute("select pgqueue.complete(%s, %s)", (done, tokens[done]))
+    db.execute("select pgqueue.fail(%s, %s, 'no', retryable => false)", (dead, tokens[dead]))
+    db.execute("select pgqueue.cancel(%s)", (cancelled,))
+    assert [r[0] for r in db.execute("select id from pgqueue.jobs")] == [waiting]
+    history = db.execute(
+        "select id, status, payload, last_error from pgqueue.job_history order by id"
+    ).fetchall()
+    assert history == [
+        (done, "done", None, None),
+        (dead, "failed", {"n": 1}, "no"),
+        (cancelled, "cancelled", {"n": 2}, None),
+    ], "done jobs keep no payload; dead letters and cancelled jobs keep theirs for retry()"
+    assert [r[0] for r in db.execute("select id from pgqueue.dead_letters")] == [dead]
+    assert db.execute("select pgqueue.retry(%s)", (dead,)).fetchone() == (True,)
+    assert job(db, dead)["status"] == "queued" and job(db, dead)["payload"] == {"n": 1}
+    assert (
+        db.execute("select count(*) from pgqueue.job_history where id = %s", (dead,)).fetchone()[0]
+        == 0
+    )
+    assert db.execute("select pgqueue.retry(%s)", (done,)).fetchone() == (False,)
 
 
 def test_enqueue_refuses_a_payload_over_one_mebibyte(db: psycopg.Connection) -> None:
@@ -465,7 +505,7 @@ def test_enqueue_refuses_a_payload_over_one_mebibyte(db: psycopg.Connection) -> 
     with pytest.raises(psycopg.errors.CheckViolation, match="jobs_payload_size_check"):
         db.execute("insert into pgqueue.jobs (kind, payload) values ('k', %s)", (big,))
     db.execute("select pgqueue.enqueue('fits', %s)", (Jsonb({"blob": "x" * 900_000}),))
-    assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (1,)
+    assert db.execute("select count(*) from pgqueue.all_jobs").fetchone() == (1,)
 
 
 def test_configuration_is_seeded_from_the_answers(config: dict) -> None:
@@ -487,7 +527,7 @@ def test_new_jobs_and_claims_follow_the_configuration(db: psycopg.Connection, co
     (many,) = db.execute('select pgqueue.enqueue_many(\'[{"kind": "a"}]\')').fetchone()
     inserted = db.execute("insert into pgqueue.jobs (kind) values ('a') returning id").fetchone()[0]
     explicit = db.execute("select pgqueue.enqueue('a', max_attempts => 2)").fetchone()[0]
-    attempts = dict(db.execute("select id, max_attempts from pgqueue.jobs").fetchall())
+    attempts = dict(db.execute("select id, max_attempts from pgqueue.all_jobs").fetchall())
     assert [attempts[i] for i in (enqueued, many, inserted, explicit)] == [9, 9, 9, 2]
     leases = db.execute(
         "select extract(epoch from locked_until - locked_at)::int from pgqueue.claim('w', 4)"
@@ -499,7 +539,7 @@ def test_new_jobs_and_claims_follow_the_configuration(db: psycopg.Connection, co
     ).fetchone()
     assert db.execute("select pgqueue.heartbeat(%s, %s)", (enqueued, token)).fetchone()[0]
     (left,) = db.execute(
-        "select extract(epoch from locked_until - now())::int from pgqueue.jobs where id = %s",
+        "select extract(epoch from locked_until - now())::int from pgqueue.all_jobs where id = %s",
         (enqueued,),
     ).fetchone()
     assert 40 <= left <= 42, "heartbeat without a lease argument renews the configured lease"
@@ -507,16 +547,8 @@ def test_new_jobs_and_claims_follow_the_configuration(db: psycopg.Connection, co
 
 def test_sweep_prunes_by_the_configured_retention(db: psycopg.Connection, config) -> None:
     ids = [db.execute("select pgqueue.enqueue('old')").fetchone()[0] for _ in range(2)]
-    db.execute(
-        "update pgqueue.jobs set status = 'done', finished_at = now() - interval '3 days'"
-        " where id = %s",
-        (ids[0],),
-    )
-    db.execute(
-        "update pgqueue.jobs set status = 'failed', finished_at = now() - interval '3 days'"
-        " where id = %s",
-        (ids[1],),
-    )
+    finish(db, ids[:1], "done", "3 days")
+    finish(db, ids[1:], "failed", "3 days")
     assert db.execute("select pruned from pgqueue.sweep()").fetchone()[0] == 0
     db.execute("""select pgqueue.configure('{"retention_days": 2}')""")
     assert db.execute("select pruned from pgqueue.sweep()").fetchone()[0] == 1

@@ -90,11 +90,11 @@ def test_objects_planted_in_public_do_not_change_the_queue(db: psycopg.Connectio
             "queued",
         )
         delay = db.execute(
-            "select run_after - pg_catalog.now() from pgqueue.jobs where id = %s", (job_id,)
+            "select run_after - pg_catalog.now() from pgqueue.all_jobs where id = %s", (job_id,)
         ).fetchone()[0]
         assert timedelta(seconds=2) < delay <= timedelta(seconds=5), "backoff used real random()"
         assert db.execute("select count(*) from public.jobs").fetchone() == (0,)
-        assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (3,)
+        assert db.execute("select count(*) from pgqueue.all_jobs").fetchone() == (3,)
     finally:
         db.execute("reset search_path")
         db.execute(

@@ -44,7 +44,7 @@ def test_db_lint_would_catch_a_broken_function(project: Path, stack: Cluster) ->
         conn.execute(
             "create schema lint_probe;"
             "create function lint_probe.broken() returns bigint language plpgsql as"
-            " $$ begin return (select no_such_column from pgqueue.jobs limit 1); end $$;"
+            " $$ begin return (select no_such_column from pgqueue.all_jobs limit 1); end $$;"
         )
     try:
         proc = subprocess.run(

@@ -94,7 +94,7 @@ def test_one_insert_of_a_thousand_jobs_sends_one_request_with_the_guc_key(
     insert_jobs(db, 1000)
     wait_for_pg_net(db)
 
-    assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (1000,)
+    assert db.execute("select count(*) from pgqueue.all_jobs").fetchone() == (1000,)
     assert len(sink.requests) == 1
     request = sink.requests[0]
     assert request.path == "/wake"
@@ -133,7 +133,7 @@ def test_without_a_key_nothing_is_sent_and_the_insert_commits(
 ) -> None:
     point_wake_ups(db, sink.url, None)
     insert_jobs(db, 10)
-    assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (10,)
+    assert db.execute("select count(*) from pgqueue.all_jobs").fetchone() == (10,)
     assert requests_made(db) == 0
 
 
@@ -148,7 +148,7 @@ def test_without_pg_net_the_insert_still_commits(
             conn.commit()
     finally:
         db.execute("alter schema net_uninstalled rename to net")
-    assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (5,)
+    assert db.execute("select count(*) from pgqueue.all_jobs").fetchone() == (5,)
     assert requests_made(db) == 0
 
 
@@ -162,7 +162,7 @@ def test_a_failing_pg_net_call_warns_and_the_insert_still_commits(
         point_wake_ups(conn, "http://127.0.0.1:notaport/wake", GUC_KEY)
         insert_jobs(conn, 3)
         conn.commit()
-    assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (3,)
+    assert db.execute("select count(*) from pgqueue.all_jobs").fetchone() == (3,)
     assert any("wake-up not sent" in n and "invalid URL" in n for n in notices), notices
     assert not any(GUC_KEY in n for n in notices)
     assert requests_made(db) == 0
@@ -182,7 +182,7 @@ def test_a_rolled_back_enqueue_leaves_no_job_and_sends_no_request(
         conn.execute("select pgqueue.enqueue('after.rollback')")
         conn.commit()
     assert requests_made(db) == 1
-    assert db.execute("select kind from pgqueue.jobs").fetchall() == [("after.rollback",)]
+    assert db.execute("select kind from pgqueue.all_jobs").fetchall() == [("after.rollback",)]
     assert len(sink.requests) == 1
 
 
@@ -238,7 +238,7 @@ def test_a_vault_key_with_the_guc_url(db: psycopg.Connection, sink: HttpSink) ->
 def test_without_vault_or_guc_nothing_is_sent(db: psycopg.Connection) -> None:
     point_wake_ups(db, None, None)
     insert_jobs(db, 3)
-    assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (3,)
+    assert db.execute("select count(*) from pgqueue.all_jobs").fetchone() == (3,)
     assert requests_made(db) == 0
 
 
@@ -253,7 +253,7 @@ def test_without_a_vault_schema_the_lookup_is_skipped(
             conn.commit()
     finally:
         db.execute("alter schema vault_uninstalled rename to vault")
-    assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (2,)
+    assert db.execute("select count(*) from pgqueue.all_jobs").fetchone() == (2,)
     assert requests_made(db) == 0
 
 

@@ -67,7 +67,7 @@ def wake(worker: EdgeWorker) -> dict:
 
 def status(db: psycopg.Connection, job_id: int) -> tuple[str, int]:
     return db.execute(
-        "select status, attempts from pgqueue.jobs where id = %s", (job_id,)
+        "select status, attempts from pgqueue.all_jobs where id = %s", (job_id,)
     ).fetchone()
 
 

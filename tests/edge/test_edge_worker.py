@@ -46,14 +46,14 @@ def wait_for_jobs(
     """Poll until every job matches `condition` (SQL on pgqueue.jobs); return the jobs."""
     deadline = time.monotonic() + timeout
     while True:
-        pending = db.execute(f"select count(*) from pgqueue.jobs where not ({condition})")
+        pending = db.execute(f"select count(*) from pgqueue.all_jobs where not ({condition})")
         if pending.fetchone()[0] == 0:
             return db.execute(
                 "select id, kind, status, attempts, last_error, locked_by"
-                " from pgqueue.jobs order by id"
+                " from pgqueue.all_jobs order by id"
             ).fetchall()
         if time.monotonic() > deadline:
-            jobs = db.execute("select * from pgqueue.jobs order by id").fetchall()
+            jobs = db.execute("select * from pgqueue.all_jobs order by id").fetchall()
             pytest.fail(f"jobs never matched {condition!r}:\n{jobs}\n--- worker\n{worker.output()}")
         time.sleep(0.05)
 
@@ -125,7 +125,9 @@ def test_a_throwing_handler_is_retried_then_dead_lettered(
                         when {fine} then status = 'done' end""",
             edge_worker,
         )
-        invalid_error = db.execute("select last_error from pgqueue.jobs where id = %s", (invalid,))
+        invalid_error = db.execute(
+            "select last_error from pgqueue.all_jobs where id = %s", (invalid,)
+        )
         assert "invalid payload for send_email" in invalid_error.fetchone()[0]
 
         for attempt in (2, 3):
@@ -166,7 +168,7 @@ def test_a_wrong_bearer_gets_403_and_claims_nothing(
     wait_for_pg_net(db)
     assert wake_responses(db) == [403]
     time.sleep(0.5)
-    assert db.execute("select status, attempts from pgqueue.jobs").fetchall() == [("queued", 0)]
+    assert db.execute("select status, attempts from pgqueue.all_jobs").fetchall() == [("queued", 0)]
 
     # With the right key, the next wake-up (here the sweeper's) runs it.
     point_wakeups_at(db, edge_worker)
@@ -210,8 +212,8 @@ def test_the_function_stops_claiming_when_its_time_budget_runs_out(
     # The wake-up was answered at once, not after the batch: before the last job was done.
     answered_early = db.execute(
         "select (select created from net._http_response where status_code = 202)"
-        " < (select max(finished_at) from pgqueue.jobs)"
+        " < (select max(finished_at) from pgqueue.all_jobs)"
     ).fetchone()[0]
     assert answered_early is True
-    counts = dict(db.execute("select status, count(*) from pgqueue.jobs group by 1").fetchall())
+    counts = dict(db.execute("select status, count(*) from pgqueue.all_jobs group by 1").fetchall())
     assert counts == {"done": summary["completed"], "queued": 10 - summary["completed"]}

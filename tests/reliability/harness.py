@@ -116,7 +116,7 @@ def start_delays(db: psycopg.Connection, ids: list[int], audit_dir: Path) -> dic
     """Seconds from each job's enqueue to its handler's first start: p50, p95 and max."""
     created = dict(
         db.execute(
-            "select id, extract(epoch from created_at)::float8 from pgqueue.jobs"
+            "select id, extract(epoch from created_at)::float8 from pgqueue.all_jobs"
             " where id = any(%s)",
             (ids,),
         ).fetchall()
@@ -302,7 +302,7 @@ class Sweeper:
 
 def unfinished(db: psycopg.Connection) -> int:
     row = db.execute(
-        "select count(*) from pgqueue.jobs where status in ('queued', 'running')"
+        "select count(*) from pgqueue.all_jobs where status in ('queued', 'running')"
     ).fetchone()
     assert row is not None
     return row[0]
@@ -407,12 +407,12 @@ def audit(
         row[0]: row[1:]
         for row in db.execute(
             "select id, status, attempts, max_attempts, last_error, finished_at, lock_token"
-            " from pgqueue.jobs where id = any(%s)",
+            " from pgqueue.all_jobs where id = any(%s)",
             (ids,),
         )
     }
     extra = db.execute(
-        "select count(*) from pgqueue.jobs where not (id = any(%s))", (ids,)
+        "select count(*) from pgqueue.all_jobs where not (id = any(%s))", (ids,)
     ).fetchone()
     if extra and extra[0]:
         result.problems.append(f"{extra[0]} jobs in the table that nobody enqueued")

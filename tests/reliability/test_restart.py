@@ -25,7 +25,7 @@ LEASE_SECONDS = 3
 
 def done_count(cluster: Cluster) -> int:
     with cluster.connect(autocommit=True) as conn:
-        row = conn.execute("select count(*) from pgqueue.jobs where status = 'done'").fetchone()
+        row = conn.execute("select count(*) from pgqueue.all_jobs where status = 'done'").fetchone()
     assert row is not None
     return row[0]
 

@@ -34,7 +34,7 @@ def job(db: psycopg.Connection, job_id: int) -> dict:
     """The job's row, and `due_in`: how long until it may run (negative once it may)."""
     with db.cursor(row_factory=dict_row) as cur:
         row = cur.execute(
-            "select *, run_after - now() as due_in from pgqueue.jobs where id = %s", (job_id,)
+            "select *, run_after - now() as due_in from pgqueue.all_jobs where id = %s", (job_id,)
         ).fetchone()
     assert row is not None, f"job {job_id} is gone"
     return row

@@ -338,7 +338,7 @@ def test_a_payload_too_deep_to_decode_fails_its_own_job_only(
     def state() -> tuple[str, int, str | None]:
         # not select *: the test's own psycopg could not decode this payload either
         found = db.execute(
-            "select status, attempts, last_error from pgqueue.jobs where id = %s", (deep,)
+            "select status, attempts, last_error from pgqueue.all_jobs where id = %s", (deep,)
         ).fetchone()
         assert found is not None
         return found
