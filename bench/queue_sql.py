@@ -284,7 +284,7 @@ def churn(stack: Stack, jobs: int, segment: int, backlog: int) -> dict[str, floa
             for i in range(CHURN_CLAIMERS)
         ),
     ]
-    autovacuums_before = _autovacuums(stack)
+    autovacuums_before = _jobs_table(stack)[0]
     for proc in procs:
         proc.start()
     time.sleep(0.5)  # connected and warmed up
@@ -304,17 +304,22 @@ def churn(stack: Stack, jobs: int, segment: int, backlog: int) -> dict[str, floa
     figures = {f"segment_{n:02d}_jobs_per_s": rate for n, rate in enumerate(rates, 1)}
     figures["overall_jobs_per_s"] = jobs / (claims[-1][0] - started)
     figures["last_vs_first"] = rates[-1] / rates[0]
-    figures["autovacuums"] = _autovacuums(stack) - autovacuums_before
+    autovacuums, dead_rows, size = _jobs_table(stack)
+    figures["autovacuums"] = autovacuums - autovacuums_before
+    figures["dead_rows_at_end"] = dead_rows
+    figures["jobs_table_mb_at_end"] = size / 2**20
     return figures
 
 
-def _autovacuums(stack: Stack) -> int:
-    """Autovacuum runs on the jobs table so far."""
+def _jobs_table(stack: Stack) -> tuple[int, int, int]:
+    """The jobs table's autovacuum runs so far, its dead rows, and its size with its indexes
+    (bytes)."""
     with stack.cluster.connect() as conn:
         return conn.execute(
-            "select autovacuum_count from pg_stat_user_tables where relid = %s::regclass",
+            "select autovacuum_count, n_dead_tup, pg_total_relation_size(relid) "
+            "from pg_stat_user_tables where relid = %s::regclass",
             (f"{S}.jobs",),
-        ).fetchone()[0]
+        ).fetchone()
 
 
 def finished_rows(stack: Stack, jobs: int, finished: int, repeats: int) -> dict[str, list[float]]:

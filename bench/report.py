@@ -41,6 +41,8 @@ def unit_of(figure: str) -> str:
         ("_ms", "ms"),
         ("samples", "jobs"),
         ("autovacuums", "runs"),
+        ("_rows", "rows"),
+        ("_mb", "MiB"),
     )
     for marker, unit in markers:
         if marker in figure:
