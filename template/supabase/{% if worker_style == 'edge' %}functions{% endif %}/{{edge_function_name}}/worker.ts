@@ -125,10 +125,10 @@ export function startDrain(queues: readonly string[], options: DrainOptions): Dr
 
   /** Completes the finished jobs and claims up to `maxJobs` of `queue`, in one call. */
   async function completeAndClaim(queue: string, maxJobs: number): Promise<ClaimedJob[]> {
-    const done = finished;
+    const reporting = finished;
     const jobs = await options.queue.completeAndClaim({
       worker: options.workerId,
-      done,
+      done: reporting,
       queue,
       kinds,
       maxJobs,
@@ -137,7 +137,7 @@ export function startDrain(queues: readonly string[], options: DrainOptions): Dr
     // Only now: if the call failed, they are still to report (again, which is harmless if
     // the call went through after all).
     finished = [];
-    summary.completed += done.length;
+    summary.completed += reporting.length;
     return jobs;
   }
 
@@ -153,8 +153,8 @@ export function startDrain(queues: readonly string[], options: DrainOptions): Dr
         active = woken;
       }
       if (active.length === 0) {
-        // Every queue came back short of a full batch: linger, polling, until the window
-        // passes with nothing found.
+        // Every queue came back empty, or short of a full batch with nothing to report: linger,
+        // polling, until the window passes with nothing found.
         drySince ??= now();
         const lingerLeft = drySince + lingerMs - now();
         if (lingerLeft <= 0) return stop("empty");
