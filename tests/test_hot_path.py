@@ -203,3 +203,26 @@ def test_no_statement_of_the_hot_path_scans_the_job_table(db: psycopg.Connection
     assert "Index Scan using jobs_pkey" in nested, "completions find their jobs by id"
     assert "Index Scan using jobs_claim_idx" in nested, "claims take jobs in claim order"
     assert "Tid Scan" in nested, "and update the rows they locked by ctid"
+
+
+def test_claims_and_heartbeats_are_hot_updates(db: psycopg.Connection) -> None:
+    def hot_and_all() -> tuple[int, int]:
+        db.execute("select pg_stat_force_next_flush()")
+        row = db.execute(
+            "select n_tup_hot_upd, n_tup_upd from pg_stat_user_tables"
+            " where relid = 'pgqueue.jobs'::regclass"
+        ).fetchone()
+        assert row is not None
+        return row
+
+    enqueue_n(db, 200)
+    hot_before, all_before = hot_and_all()
+    batch = complete_and_claim(db, max_jobs=100)
+    for claimed in batch[:10]:
+        db.execute("select pgqueue.heartbeat(%s, %s)", (claimed["id"], claimed["lock_token"]))
+    hot_after, all_after = hot_and_all()
+    assert all_after - all_before == 110
+    # HOT needs room on the row's page: most, not all, find it (half-filled pages, rows that
+    # grow by their lease); with an index on the status or the lease, none would.
+    assert hot_after - hot_before >= 0.75 * 110, "no index entry for most claims and heartbeats"
+    assert len({j["lock_token"] for j in batch}) == 1, "one token per claim"
