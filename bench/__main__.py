@@ -26,7 +26,7 @@ Figures = dict[str, float]
 class Sizes:
     jobs: int  # jobs drained per drain/claim figure
     enqueue_jobs: int
-    finished: int  # finished jobs kept in pgqueue.job_history for the finished_rows figure
+    finished: int  # finished jobs kept (history and done batches) for the finished_rows figure
     supabase_jobs: int  # the supabase transport pays an HTTP request per call
     pgqueuer_jobs: int
     procrastinate_jobs: int

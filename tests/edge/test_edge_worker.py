@@ -206,12 +206,12 @@ def test_a_job_is_completed_by_the_call_that_claims_the_next_one(
                 {"kind": "send_webhook", "payload": {"url": slow.url}},
             )
             wait_for_jobs(db, f"id <> {second} or status = 'running'", worker)
-            # The first job's history row and the second job's claim were written by one
+            # The first job's done_batches row and the second job's claim were written by one
             # transaction: the call that completed the one claimed the other.
             same = db.execute(
-                "select h.xmin = j.xmin, h.finished_at = j.locked_at"
-                " from pgqueue.job_history as h, pgqueue.jobs as j"
-                " where h.id = %s and j.id = %s",
+                "select b.xmin = j.xmin, b.finished_at = j.locked_at"
+                " from pgqueue.done_batches as b, pgqueue.jobs as j"
+                " where %s = any (b.ids) and j.id = %s",
                 (first, second),
             ).fetchone()
             assert same == (True, True)
