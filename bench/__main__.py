@@ -261,7 +261,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.hot_path_steps:
         hot_path_steps.add_pgmq_ratios(document["scenarios"])
         document["steps"] = {step.name: step.change for step in hot_path_steps.STEPS}
+        document["ratio_targets"] = report.ratio_targets(
+            document["scenarios"], hot_path_steps.TARGETS
+        )
         print(hot_path_steps.table(document["scenarios"]))
+        print(report.ratio_targets_table(document["ratio_targets"]))
         report.write_json(out, document)
         print(f"bench: wrote {out}", file=sys.stderr)
         return 0

@@ -143,7 +143,15 @@ def test_hot_path_steps_each_change_what_it_says(tmp_path: Path) -> None:
 
     result = json.loads(out.read_text())
     steps = result["scenarios"]
-    names = ["two_calls", "one_call", "one_token", "hot_claims", "done_batches", "pgmq"]
+    names = [
+        "two_calls",
+        "one_call",
+        "one_token",
+        "hot_claims",
+        "done_batches",
+        "flow_control",
+        "pgmq",
+    ]
     assert list(steps) == names
     assert list(result["steps"]) == names
     median = {name: {f: s["median"] for f, s in figures.items()} for name, figures in steps.items()}
@@ -165,15 +173,28 @@ def test_hot_path_steps_each_change_what_it_says(tmp_path: Path) -> None:
     # Before hot_claims a claim is never a HOT update, from then on most are.
     for name in ("two_calls", "one_call", "one_token"):
         assert median[name]["hot_update_share"] == 0, name
-    for name in ("hot_claims", "done_batches"):
+    for name in ("hot_claims", "done_batches", "flow_control"):
         assert median[name]["hot_update_share"] > 0.5, name
     # Done jobs stay in the job table, then take a history row each, then a row per call.
     assert median["two_calls"]["history_rows_per_job"] == 0
     for name in ("one_call", "one_token", "hot_claims"):
         assert median[name]["history_rows_per_job"] == 1, name
-    assert median["done_batches"]["history_rows_per_job"] == 1 / 100
+    for name in ("done_batches", "flow_control"):
+        assert median[name]["history_rows_per_job"] == 1 / 100, name
     # A lock token per job, then one per call (batch 100).
     for name in ("two_calls", "one_call"):
         assert median[name]["tokens_per_job"] == 1, name
-    for name in ("one_token", "hot_claims", "done_batches"):
+    for name in ("one_token", "hot_claims", "done_batches", "flow_control"):
         assert median[name]["tokens_per_job"] == 1 / 100, name
+    # Issue 17's cost: flow control with no keys, limits or pause against the hot path as its
+    # migration left it, checked against what was measured, and printed.
+    targets = {row["figure"]: row for row in result["ratio_targets"]}
+    assert set(targets) == {"server_cpu_us_per_job", "jobs_per_s"}, result["ratio_targets"]
+    for figure, row in targets.items():
+        assert (row["scenario"], row["over"]) == ("flow_control", "done_batches"), row
+        ratio = median["flow_control"][figure] / median["done_batches"][figure]
+        assert math.isclose(row["ratio"], ratio, rel_tol=0.01), row
+        assert row["met"] == (
+            ratio <= row["maximum"] if "maximum" in row else ratio >= row["minimum"]
+        ), row
+        assert f"target flow_control {figure} / done_batches" in printed
