@@ -47,6 +47,9 @@ def unit_of(figure: str) -> str:
         ("autovacuums", "runs"),
         ("_rows", "rows"),
         ("_mb", "MiB"),
+        ("_batch", "batch"),
+        ("_jobs", "jobs"),
+        ("_reads", "reads"),
     )
     for marker, unit in markers:
         if marker in figure:

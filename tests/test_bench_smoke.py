@@ -35,6 +35,29 @@ SCENARIOS = {
         for processes in (1, 4)
     },
     "finished_rows": {"empty_jobs_per_s", "full_jobs_per_s", "full_vs_empty"},
+    # issue 17's flow control (the rate limit's worst excess is not listed: at most 0)
+    "fairness": {
+        *(f"key_{n:02d}_{end}_batch" for n in range(1, 11) for end in ("first", "last")),
+        "all_small_started_batch",
+        "keyed_jobs_per_s",
+        "unkeyed_jobs_per_s",
+        "keyed_vs_unkeyed",
+    },
+    "rate_limit": {
+        "limit_jobs_per_s",
+        "burst_jobs",
+        "claimed_jobs",
+        "claimed_jobs_per_s",
+        "max_in_1s_jobs",
+    },
+    "concurrency_limit": {
+        "jobs_per_s",
+        "limit_jobs",
+        "max_running_jobs",
+        "mean_running_jobs",
+        "max_held_jobs",
+        "sampler_reads",
+    },
     # the generated project's own worker, through its handler registry
     "worker_postgres_1proc": {"jobs_per_s", "cpu_us_per_job"},
     "worker_postgres_4proc": {"jobs_per_s", "cpu_us_per_job"},
@@ -108,6 +131,35 @@ def test_bench_runs_every_scenario_on_a_tiny_size(tmp_path: Path) -> None:
         p95 = scenarios[row["scenario"]][f"{row['shape']}_p95_ms"]["median"]
         assert row["met"] == (p95 <= row["target_p95_ms"]), row
         assert f"target {row['scenario']} {row['shape']}: p95" in printed
+    # Flow control: the small keys start within the first batches despite the big key's
+    # backlog ahead of them; no window of the rate-limited claims exceeds burst + rate * T,
+    # nor any second burst + rate, yet the limit lets jobs through; the limited key never runs
+    # more jobs at once than its limit, as counted from outside and as held by the claimers.
+    fairness = scenarios["fairness"]
+    last = fairness["all_small_started_batch"]["max"]
+    assert last <= 2, fairness
+    for n in range(1, 11):
+        first_batch = fairness[f"key_{n:02d}_first_batch"]["max"]
+        assert first_batch <= fairness[f"key_{n:02d}_last_batch"]["max"] <= last, (n, fairness)
+    rated = scenarios["rate_limit"]
+    rate, burst = rated["limit_jobs_per_s"]["median"], rated["burst_jobs"]["median"]
+    assert rated["worst_excess_jobs"]["max"] <= 0, rated
+    assert rated["max_in_1s_jobs"]["max"] <= burst + rate, rated
+    assert rated["claimed_jobs_per_s"]["min"] >= rate / 2, rated
+    limited = scenarios["concurrency_limit"]
+    limit = limited["limit_jobs"]["median"]
+    assert 1 <= limited["max_running_jobs"]["max"] <= limit, limited
+    assert 1 <= limited["max_held_jobs"]["max"] <= limit, limited
+    checked = {(row["scenario"], row["figure"]) for row in result["flow_control_targets"]}
+    assert checked == {
+        ("fairness", "all_small_started_batch"),
+        ("rate_limit", "worst_excess_jobs"),
+        ("concurrency_limit", "max_running_jobs"),
+        ("concurrency_limit", "max_held_jobs"),
+    }, result["flow_control_targets"]
+    for row in result["flow_control_targets"]:
+        assert row["met"], row
+        assert f"target {row['scenario']} {row['figure']}: " in printed
     assert result["server"]["fsync"] == "on"
     assert result["server"]["synchronous_commit"] == "on"
     assert "sql_claim_4proc" in printed and "x pgqueuer" in printed
