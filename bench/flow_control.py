@@ -15,12 +15,14 @@ import math
 import multiprocessing
 import threading
 import time
+from dataclasses import dataclass
 from multiprocessing.sharedctypes import Synchronized
 from multiprocessing.synchronize import Event as EventType
 from typing import Any
 
 import psycopg
 
+from .hot_path_steps import backend_cpu_s
 from .queue_sql import CLAIM_BATCH, gather_results, reset
 from .stack import SCHEMA, Stack, wait_idle_autovacuum
 
@@ -66,13 +68,21 @@ def _settle(stack: Stack, conn: psycopg.Connection) -> None:
     wait_idle_autovacuum(stack)
 
 
-def _drain(conn: psycopg.Connection) -> tuple[list[list[str | None]], float]:
-    """One claimer loops complete_and_claim(..., 100) until the queue is empty: the keys of
-    each batch it claimed, in order, and the seconds it took."""
+@dataclass
+class Drained:
+    batches: list[list[str | None]]  # the concurrency keys of each batch claimed, in order
+    seconds: float
+    server_cpu_s: float  # the server backend's CPU time (user + system)
+
+
+def _drain(conn: psycopg.Connection) -> Drained:
+    """One claimer loops complete_and_claim(..., 100) until the queue is empty."""
     conn.execute(CALL, ("bench", [], [], CLAIM_BATCH, WARM_UP), prepare=True).fetchall()
+    pid = conn.execute("select pg_backend_pid()").fetchone()[0]
     batches: list[list[str | None]] = []
     ids: list[int] = []
     tokens: list[Any] = []
+    server = backend_cpu_s(pid)
     started = time.perf_counter()
     while True:
         rows = conn.execute(CALL, ("bench", ids, tokens, CLAIM_BATCH, "default"), prepare=True)
@@ -82,17 +92,20 @@ def _drain(conn: psycopg.Connection) -> tuple[list[list[str | None]], float]:
         ids, tokens = [row[0] for row in rows], [row[1] for row in rows]
         batches.append([row[2] for row in rows])
     elapsed = time.perf_counter() - started
+    server = backend_cpu_s(pid) - server
     left = conn.execute(f"select count(*) from {S}.jobs").fetchone()[0]
     if left:
         raise RuntimeError(f"the drain left {left} jobs in {S}.jobs")
-    return batches, elapsed
+    return Drained(batches, elapsed, server)
 
 
 def fairness(stack: Stack, big: int) -> dict[str, float]:
     """`big` jobs of key BIG_KEY, then SMALL_KEYS keys of SMALL_JOBS jobs each, enqueued after
     them (first in, first out would start them last); one claimer drains them. In which batch
     (1-based) each small key's first and last job started, and the batch by which all had;
-    then the jobs/s of that drain and of an unkeyed drain of as many jobs."""
+    then the jobs/s and server CPU per job of that drain and of an unkeyed drain of as many
+    jobs (the CPU figure, which load elsewhere on the machine barely moves, says what keys
+    cost)."""
     small = [_small_key(n) for n in range(1, SMALL_KEYS + 1)]
     total = big + SMALL_KEYS * SMALL_JOBS
     reset(stack)
@@ -101,13 +114,13 @@ def fairness(stack: Stack, big: int) -> dict[str, float]:
         for key in small:
             _enqueue(conn, SMALL_JOBS, key)
         _settle(stack, conn)
-        batches, keyed_s = _drain(conn)
-    claimed = sum(len(batch) for batch in batches)
+        keyed = _drain(conn)
+    claimed = sum(len(batch) for batch in keyed.batches)
     if claimed != total:
         raise RuntimeError(f"fairness: claimed {claimed} of {total} keyed jobs")
     first: dict[str | None, int] = {}
     last: dict[str | None, int] = {}
-    for n, keys in enumerate(batches, 1):
+    for n, keys in enumerate(keyed.batches, 1):
         for key in keys:
             first.setdefault(key, n)
             last[key] = n
@@ -119,13 +132,15 @@ def fairness(stack: Stack, big: int) -> dict[str, float]:
 
     reset(stack, queued=total)
     with stack.cluster.connect(autocommit=True) as conn:
-        batches, unkeyed_s = _drain(conn)
-    claimed = sum(len(batch) for batch in batches)
+        unkeyed = _drain(conn)
+    claimed = sum(len(batch) for batch in unkeyed.batches)
     if claimed != total:
         raise RuntimeError(f"fairness: the unkeyed drain claimed {claimed} of {total} jobs")
-    figures["keyed_jobs_per_s"] = total / keyed_s
-    figures["unkeyed_jobs_per_s"] = total / unkeyed_s
-    figures["keyed_vs_unkeyed"] = unkeyed_s / keyed_s
+    figures["keyed_jobs_per_s"] = total / keyed.seconds
+    figures["unkeyed_jobs_per_s"] = total / unkeyed.seconds
+    figures["keyed_vs_unkeyed"] = unkeyed.seconds / keyed.seconds
+    figures["keyed_server_cpu_us_per_job"] = keyed.server_cpu_s / total * 1e6
+    figures["unkeyed_server_cpu_us_per_job"] = unkeyed.server_cpu_s / total * 1e6
     return figures
 
 

@@ -328,7 +328,7 @@ class Pgmq:
             conn.execute(self.delete, (PGMQ_QUEUE, ids), prepare=True).fetchone()
 
 
-def _backend_cpu_s(pid: int) -> float:
+def backend_cpu_s(pid: int) -> float:
     """CPU time (user + system) the server process `pid` has used: the scheduler's count in
     ns, or /proc/<pid>/stat's clock ticks (10 ms) where there is no schedstat."""
     try:
@@ -418,13 +418,13 @@ def measure(stack: Stack, step: Step, jobs: int) -> dict[str, float]:
         before = _table_counts(conn, [job_table, *history])
         lsn = conn.execute("select pg_current_wal_lsn()").fetchone()[0]
 
-        server = _backend_cpu_s(pid)
+        server = backend_cpu_s(pid)
         client = time.process_time()
         started = time.perf_counter()
         drained = driver.drain(conn)
         elapsed = time.perf_counter() - started
         client = time.process_time() - client
-        server = _backend_cpu_s(pid) - server
+        server = backend_cpu_s(pid) - server
 
         wal = conn.execute("select pg_current_wal_lsn() - %s::pg_lsn", (lsn,)).fetchone()[0]
         after = _table_counts(conn, [job_table, *history])

@@ -42,6 +42,8 @@ SCENARIOS = {
         "keyed_jobs_per_s",
         "unkeyed_jobs_per_s",
         "keyed_vs_unkeyed",
+        "keyed_server_cpu_us_per_job",
+        "unkeyed_server_cpu_us_per_job",
     },
     "rate_limit": {
         "limit_jobs_per_s",
