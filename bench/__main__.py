@@ -196,8 +196,9 @@ def _parser() -> argparse.ArgumentParser:
         "--hot-path-steps",
         action="store_true",
         help="instead of the scenarios: measure what each change of the hot path bought, step "
-        "by step from claim + complete_many to complete_and_claim, on scratch schemas, and pgmq "
-        "(server and client CPU, WAL per job, jobs/s)",
+        "by step from claim + complete_many to complete_and_claim, on scratch schemas, then "
+        "pgqueue as migrated (flow control, nothing set) and pgmq (server and client CPU, WAL "
+        "per job, jobs/s)",
     )
     parser.add_argument(
         "--patch",
