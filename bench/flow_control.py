@@ -148,8 +148,7 @@ def _rate_claimer(
     dsn: str, name: str, go: EventType, stop: EventType, out: multiprocessing.Queue
 ) -> None:
     """Loops complete_and_claim() on RATED_QUEUE, without a pause, until `stop`; then completes
-    its last batch and puts each claimed job's claim time and locked_at (epoch seconds) on
-    `out`."""
+    its last batch and puts each claimed job's claim time (epoch seconds) on `out`."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(CALL, (name, [], [], CLAIM_BATCH, WARM_UP), prepare=True).fetchall()
         go.wait()
