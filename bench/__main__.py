@@ -15,7 +15,16 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from . import generated_worker, hot_path_steps, peers, queue_sql, report, sql_variants, wakeups
+from . import (
+    flow_control,
+    generated_worker,
+    hot_path_steps,
+    peers,
+    queue_sql,
+    report,
+    sql_variants,
+    wakeups,
+)
 from . import stack as stack_module
 from .stack import REPO, Stack
 
@@ -42,16 +51,28 @@ class Sizes:
     churn_jobs: int
     churn_segment: int
     churn_backlog: int
+    # the flow-control scenarios: the big key's jobs (fairness); the rate limit (jobs/s),
+    # its burst and how long claimers hammer it (rate_limit); the limited key's jobs
+    # (concurrency_limit)
+    fairness_big: int
+    rate_per_s: float
+    rate_burst: int
+    rate_seconds: float
+    limited_jobs: int
 
 
 FULL = Sizes(
     20_000, 100_000, 1_000_000, 5_000, 20_000, 1_000, 500, 100.0, 250, 600, 15, 2.0,
     churn_jobs=500_000, churn_segment=50_000, churn_backlog=10_000,
+    fairness_big=100_000, rate_per_s=200.0, rate_burst=20, rate_seconds=5.0,
+    limited_jobs=2_000,
 )  # fmt: skip
 # (isolated jobs closer together than in a real run: the smoke run only checks that it works)
 SMOKE = Sizes(
     300, 1_000, 2_000, 100, 300, 30, 20, 100.0, 10, 20, 2, 0.5,
     churn_jobs=3_000, churn_segment=500, churn_backlog=500,
+    fairness_big=1_000, rate_per_s=100.0, rate_burst=10, rate_seconds=2.0,
+    limited_jobs=200,
 )  # fmt: skip
 TRANSPORTS = ("postgres", "supabase")
 
@@ -137,6 +158,11 @@ def scenarios(sizes: Sizes) -> dict[str, Callable[[Stack], Figures]]:
         "notify_latency": lambda s: queue_sql.notify_latency(
             s, sizes.latency_samples, sizes.latency_rate
         ),
+        "fairness": lambda s: flow_control.fairness(s, sizes.fairness_big),
+        "rate_limit": lambda s: flow_control.rate_limit(
+            s, sizes.rate_per_s, sizes.rate_burst, sizes.rate_seconds
+        ),
+        "concurrency_limit": lambda s: flow_control.concurrency_limit(s, sizes.limited_jobs),
         "pgqueuer": lambda s: _peer("pgqueuer", s, sizes.pgqueuer_jobs),
         "procrastinate": lambda s: _peer("procrastinate", s, sizes.procrastinate_jobs),
     }
@@ -170,8 +196,9 @@ def _parser() -> argparse.ArgumentParser:
         "--hot-path-steps",
         action="store_true",
         help="instead of the scenarios: measure what each change of the hot path bought, step "
-        "by step from claim + complete_many to complete_and_claim, on scratch schemas, and pgmq "
-        "(server and client CPU, WAL per job, jobs/s)",
+        "by step from claim + complete_many to complete_and_claim, on scratch schemas, then "
+        "pgqueue as migrated (flow control, nothing set) and pgmq (server and client CPU, WAL "
+        "per job, jobs/s)",
     )
     parser.add_argument(
         "--patch",
@@ -261,17 +288,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.hot_path_steps:
         hot_path_steps.add_pgmq_ratios(document["scenarios"])
         document["steps"] = {step.name: step.change for step in hot_path_steps.STEPS}
+        document["ratio_targets"] = report.ratio_targets(
+            document["scenarios"], hot_path_steps.TARGETS
+        )
         print(hot_path_steps.table(document["scenarios"]))
+        print(report.ratio_targets_table(document["ratio_targets"]))
         report.write_json(out, document)
         print(f"bench: wrote {out}", file=sys.stderr)
         return 0
     document["targets"] = wakeups.targets(document["scenarios"])
     document["ratio_targets"] = report.ratio_targets(document["scenarios"])
+    document["flow_control_targets"] = flow_control.targets(document["scenarios"])
     print(report.table(document["scenarios"]))
     if document["targets"]:
         print(wakeups.targets_table(document["targets"]))
     if document["ratio_targets"]:
         print(report.ratio_targets_table(document["ratio_targets"]))
+    if document["flow_control_targets"]:
+        print(flow_control.targets_table(document["flow_control_targets"]))
     report.write_json(out, document)
     print(f"bench: wrote {out}", file=sys.stderr)
     return 0

@@ -1,8 +1,9 @@
 """What each change of the hot path bought: `bench/run --hot-path-steps`.
 
 Migration 20261203000003 made four changes to the claim-and-complete loop at once. Here each
-one is a step, measured on a scratch schema of its own (pgmq on its database), from the loop
-before the migration to pgqueue itself as migrated:
+one is a step, measured on a scratch schema of its own, from the loop before the migration to
+the hot path as that migration left it; then pgqueue itself as all migrations left it, and
+pgmq on its database:
 
 - two_calls: claim(100) + complete_many() on the job table as it was before the migration
   (bench/hot_path_steps.sql);
@@ -13,12 +14,19 @@ before the migration to pgqueue itself as migrated:
 - hot_claims: + the claim index without a status predicate, no lease or finished index,
   fillfactor 50: claims are HOT updates;
 - done_batches: + done jobs without an idempotency key written one row per call to
-  done_batches instead of a row each to job_history: pgqueue.complete_and_claim() as migrated;
+  done_batches instead of a row each to job_history: the hot path as migration 20261203000003
+  left it;
+- flow_control: pgqueue itself, as every migration left it: issue 17's complete_and_claim()
+  (pause, rate limits, concurrency keys, results), with no key, limit or pause set, so what
+  it adds to the hot path is only its checks for them;
 - pgmq: read(q, 30, 100) + delete(q, ids), for scale.
 
-The three middle steps run the migrated complete_and_claim() itself, with the later steps'
-changes undone by text substitution (REWRITES): when the migration changes under them, the
-run fails instead of measuring something else.
+The steps from one_call to done_batches run the hot-path migration's own complete_and_claim()
+and its job_history and done_batches tables, read from the rendered migration (later
+migrations redefine the live function), with the later steps' changes undone by text
+substitution (REWRITES): when the migration changes under them, the run fails instead of
+measuring something else. flow_control against done_batches, in the same run, is issue 17's
+cost target (TARGETS): within 5% of the hot path's server CPU per job and jobs/s.
 
 Each step drains the same queued no-op jobs with one connection, batch 100, its runs
 interleaved with the other steps'. Figures per job: the server backend's CPU time (user +
@@ -40,13 +48,15 @@ from typing import Any
 import psycopg
 
 from .peers import PGMQ_QUEUE, PGMQ_VT, PGMQ_WARM_UP, pgmq_reset
-from .queue_sql import CLAIM_BATCH
+from .queue_sql import CLAIM_BATCH, state_tables
+from .report import RatioTarget
 from .stack import SCHEMA, Stack, wait_idle_autovacuum
 
 SQL = Path(__file__).with_name("hot_path_steps.sql")
-COMPLETE_AND_CLAIM = (
-    f"{SCHEMA}.complete_and_claim(text, bigint[], uuid[], integer, text[], text, integer)"
-)
+# The rendered project's hot-path migration, whose complete_and_claim() and tables the
+# scratch steps take.
+HOT_PATH_MIGRATION = "supabase/migrations/*_pgqueue_hot_path.sql"
+HISTORY_TABLES = ("job_history", "done_batches")
 WORKER = "bench"
 WARM_UP = "warm-up"  # a queue nobody enqueues to: the statements are prepared on it
 
@@ -57,7 +67,7 @@ class Rewrite:
     replacement: str
 
 
-# Changes to the migrated complete_and_claim(), each undoing one step.
+# Changes to the hot-path migration's complete_and_claim(), each undoing one step.
 REWRITES = {
     # Undoes done_batches: every done job is a row in job_history, as a done job with an
     # idempotency key is (the `kept` CTE loses its condition, the `batched` CTE goes).
@@ -81,15 +91,22 @@ REWRITES = {
 class Step:
     name: str
     change: str
-    # the blocks of hot_path_steps.sql that make its schema, and the rewrites of the migrated
-    # complete_and_claim() it gets (none: the step brings its own functions, or is pgqueue)
+    # the blocks of hot_path_steps.sql that make its job table (none: the step is pgqueue
+    # itself, or pgmq), and the rewrites of the hot-path migration's complete_and_claim() it
+    # gets (two_calls brings its own functions instead)
     blocks: tuple[str, ...] = ()
     rewrites: tuple[str, ...] = ()
-    history: tuple[str, ...] = ("job_history",)  # its tables that keep finished jobs
+    # its tables that keep finished jobs, as the hot-path migration creates them
+    history: tuple[str, ...] = ("job_history",)
+
+    @property
+    def live(self) -> bool:
+        """Runs on pgqueue itself, as all the migrations left it."""
+        return self.name == "flow_control"
 
     @property
     def schema(self) -> str:
-        return SCHEMA if self.name == "done_batches" else f"hps_{self.name}"
+        return SCHEMA if self.live else f"hps_{self.name}"
 
 
 STEPS = (
@@ -104,25 +121,33 @@ STEPS = (
         "one_call",
         "complete_and_claim(): one call and one commit a batch, the columns a worker needs; "
         "a finished job leaves the job table, a job_history row per done job",
-        blocks=("jobs_before", "job_history"),
+        blocks=("jobs_before",),
         rewrites=("history_row_per_job", "token_per_job"),
     ),
     Step(
         "one_token",
         "+ one lock token per call instead of one per job",
-        blocks=("jobs_before", "job_history"),
+        blocks=("jobs_before",),
         rewrites=("history_row_per_job",),
     ),
     Step(
         "hot_claims",
         "+ claim index without a status predicate, no lease index, fillfactor 50: HOT claims",
-        blocks=("jobs_hot", "job_history"),
+        blocks=("jobs_hot",),
         rewrites=("history_row_per_job",),
     ),
     Step(
         "done_batches",
-        "+ done jobs without a key a done_batches row per call: pgqueue as migrated",
-        history=("job_history", "done_batches"),
+        "+ done jobs without a key a done_batches row per call: the hot path as migration "
+        "20261203000003 left it",
+        blocks=("jobs_hot",),
+        history=HISTORY_TABLES,
+    ),
+    Step(
+        "flow_control",
+        "pgqueue as migrated: issue 17's complete_and_claim() (pause, rate limits, "
+        "concurrency keys, results), no key, limit or pause set",
+        history=HISTORY_TABLES,
     ),
     Step("pgmq", "pgmq 1.5.1 read(q, 30, 100) + delete(q, ids)"),
 )
@@ -133,8 +158,67 @@ def _blocks() -> dict[str, str]:
     return dict(zip(parts[1::2], parts[2::2], strict=True))
 
 
+@dataclass(frozen=True)
+class HotPath:
+    """What the steps take from the rendered hot-path migration, in schema pgqueue."""
+
+    complete_and_claim: str  # its create function statement
+    tables: dict[str, list[str]]  # HISTORY_TABLES: create table, then create index statements
+
+
+def hot_path(project: Path) -> HotPath:
+    """The hot-path migration's complete_and_claim() and finished-job tables, from `project`'s
+    rendered migrations: later migrations redefine the live function, so pgqueue's own is
+    no longer the one to measure."""
+    found = sorted(project.glob(HOT_PATH_MIGRATION))
+    if len(found) != 1:
+        raise RuntimeError(
+            f"expected one {HOT_PATH_MIGRATION} in {project}, found {len(found)}: update "
+            "HOT_PATH_MIGRATION in bench/hot_path_steps.py"
+        )
+    text = found[0].read_text()
+    patterns = {
+        "complete_and_claim": rf"^create function {SCHEMA}\.complete_and_claim\(.*?^\$\$;",
+        **{table: rf"^create table {SCHEMA}\.{table} \(.*?^\)[^;]*;" for table in HISTORY_TABLES},
+    }
+    statements = {}
+    for name, pattern in patterns.items():
+        matches = re.findall(pattern, text, flags=re.MULTILINE | re.DOTALL)
+        if len(matches) != 1:
+            raise RuntimeError(
+                f"{found[0].name} has {len(matches)} statements matching {pattern!r}, not one: "
+                "the migration changed; update bench/hot_path_steps.py"
+            )
+        statements[name] = matches[0]
+    tables = {}
+    for table in HISTORY_TABLES:
+        indexes = re.findall(
+            rf"^create index \w+ on {SCHEMA}\.{table}\b[^;]*;", text, flags=re.MULTILINE
+        )
+        tables[table] = [statements[table], *indexes]
+    return HotPath(statements["complete_and_claim"], tables)
+
+
+def _in_schema(sql: str, step: Step) -> str:
+    """`sql` on `step`'s tables and function instead of pgqueue's; it may read pgqueue.config
+    (the lease), nothing else of pgqueue."""
+    sql = re.sub(
+        rf"\b{SCHEMA}\.(jobs|{'|'.join(HISTORY_TABLES)}|complete_and_claim)\b",
+        rf"{step.schema}.\1",
+        sql,
+    )
+    left = set(re.findall(rf"\b{SCHEMA}\.\w+", sql)) - {f"{SCHEMA}.config"}
+    if left:
+        raise RuntimeError(
+            f"step {step.name}'s SQL from the hot-path migration still uses {sorted(left)}: the "
+            "migration changed; update bench/hot_path_steps.py"
+        )
+    return sql
+
+
 def _rewrite(definition: str, step: Step) -> str:
-    """The migrated complete_and_claim(), with `step`'s rewrites, on `step`'s tables."""
+    """The hot-path migration's complete_and_claim(), with `step`'s rewrites, on `step`'s
+    tables."""
     for name in step.rewrites:
         for rewrite in REWRITES[name]:
             definition, count = re.subn(
@@ -143,27 +227,18 @@ def _rewrite(definition: str, step: Step) -> str:
             if count != 1:
                 raise RuntimeError(
                     f"the migration changed: rewrite {name} ({rewrite.pattern!r}) matched "
-                    f"{count} times in {COMPLETE_AND_CLAIM}; update bench/hot_path_steps.py"
+                    f"{count} times in the hot-path migration's complete_and_claim(); update "
+                    "bench/hot_path_steps.py"
                 )
-    definition = re.sub(
-        rf"\b{SCHEMA}\.(jobs|job_history|complete_and_claim)\b", rf"{step.schema}.\1", definition
-    )
-    left = set(re.findall(rf"\b{SCHEMA}\.\w+", definition)) - {f"{SCHEMA}.config"}
-    if left:
-        raise RuntimeError(
-            f"step {step.name}'s complete_and_claim() still uses {sorted(left)}: the migration "
-            "changed; update bench/hot_path_steps.py"
-        )
-    return definition
+    return _in_schema(definition, step)
 
 
 def install(stack: Stack) -> None:
-    """Create every scratch step's schema."""
+    """Create every scratch step's schema: its job table (hot_path_steps.sql), the hot-path
+    migration's tables that keep finished jobs, and its functions."""
     blocks = _blocks()
+    migrated = hot_path(stack.projects["postgres"])
     with stack.cluster.connect(autocommit=True) as conn:
-        definition = conn.execute(
-            "select pg_get_functiondef(%s::regprocedure)", (COMPLETE_AND_CLAIM,)
-        ).fetchone()[0]
         for step in STEPS:
             if not step.blocks:
                 continue
@@ -171,8 +246,11 @@ def install(stack: Stack) -> None:
             conn.execute(f"create schema {step.schema}")
             for block in step.blocks:
                 conn.execute(blocks[block].replace("{s}", step.schema))
-            if step.rewrites:
-                conn.execute(_rewrite(definition, step))
+            for table in step.history:
+                for statement in migrated.tables[table]:
+                    conn.execute(_in_schema(statement, step))
+            if step.name != "two_calls":
+                conn.execute(_rewrite(migrated.complete_and_claim, step))
 
 
 @dataclass
@@ -250,7 +328,7 @@ class Pgmq:
             conn.execute(self.delete, (PGMQ_QUEUE, ids), prepare=True).fetchone()
 
 
-def _backend_cpu_s(pid: int) -> float:
+def backend_cpu_s(pid: int) -> float:
     """CPU time (user + system) the server process `pid` has used: the scheduler's count in
     ns, or /proc/<pid>/stat's clock ticks (10 ms) where there is no schedstat."""
     try:
@@ -275,12 +353,16 @@ def _table_counts(conn: psycopg.Connection, tables: list[str]) -> dict[str, tupl
 
 
 def _fill(stack: Stack, conn: psycopg.Connection, step: Step, jobs: int) -> None:
-    """The step's tables empty and vacuumed, then `jobs` queued no-op jobs."""
+    """The step's tables empty and vacuumed (pgqueue's: with no pause or limit either), then
+    `jobs` queued no-op jobs."""
     if step.name == "pgmq":
         pgmq_reset(stack, queued=jobs)
         return
     s = step.schema
-    tables = ", ".join(f"{s}.{t}" for t in ("jobs", *step.history))
+    if step.live:
+        tables = ", ".join(state_tables(conn))
+    else:
+        tables = ", ".join(f"{s}.{t}" for t in ("jobs", *step.history))
     conn.execute(f"truncate {tables}")
     conn.execute(
         f"insert into {s}.jobs (kind, payload) "
@@ -288,6 +370,13 @@ def _fill(stack: Stack, conn: psycopg.Connection, step: Step, jobs: int) -> None
         (jobs,),
     )
     conn.execute(f"vacuum analyze {tables}")
+
+
+# The done jobs each history table keeps.
+DONE_KEPT = {
+    "job_history": "select count(*) from {s}.job_history where status = 'done'",
+    "done_batches": "select coalesce(sum(cardinality(ids)), 0) from {s}.done_batches",
+}
 
 
 def _check(conn: psycopg.Connection, step: Step, jobs: int) -> None:
@@ -302,11 +391,10 @@ def _check(conn: psycopg.Connection, step: Step, jobs: int) -> None:
             f"count(*) filter (where status = 'done') from {s}.jobs"
         ).fetchone()
     else:
-        history = "all_jobs" if s == SCHEMA else "job_history"
         left = conn.execute(f"select count(*) from {s}.jobs").fetchone()[0]
-        kept = conn.execute(f"select count(*) from {s}.{history} where status = 'done'").fetchone()[
-            0
-        ]
+        kept = sum(
+            conn.execute(DONE_KEPT[table].format(s=s)).fetchone()[0] for table in step.history
+        )
     if left or kept != (0 if step.name == "pgmq" else jobs):
         raise RuntimeError(f"{step.name}: {left} of {jobs} jobs not finished, {kept} kept as done")
 
@@ -330,13 +418,13 @@ def measure(stack: Stack, step: Step, jobs: int) -> dict[str, float]:
         before = _table_counts(conn, [job_table, *history])
         lsn = conn.execute("select pg_current_wal_lsn()").fetchone()[0]
 
-        server = _backend_cpu_s(pid)
+        server = backend_cpu_s(pid)
         client = time.process_time()
         started = time.perf_counter()
         drained = driver.drain(conn)
         elapsed = time.perf_counter() - started
         client = time.process_time() - client
-        server = _backend_cpu_s(pid) - server
+        server = backend_cpu_s(pid) - server
 
         wal = conn.execute("select pg_current_wal_lsn() - %s::pg_lsn", (lsn,)).fetchone()[0]
         after = _table_counts(conn, [job_table, *history])
@@ -382,6 +470,13 @@ CHECKS = (
     ("hot_update_share", "HOT share"),
     ("history_rows_per_job", "history rows/job"),
     ("tokens_per_job", "tokens/job"),
+)
+
+# Issue 17's cost: claims with no keys and no limits stay within 5% of the hot path's
+# throughput, in the same run. Server CPU per job is the figure a busy machine moves least.
+TARGETS = (
+    RatioTarget("flow_control", "server_cpu_us_per_job", over="done_batches", maximum=1.05),
+    RatioTarget("flow_control", "jobs_per_s", 0.95, over="done_batches"),
 )
 
 

@@ -1,9 +1,10 @@
--- `bench/run --hot-path-steps`: the tables and functions of the scratch steps between the
--- claim() + complete_many() loop of the earlier migrations and the hot path of migration
--- 20261203000003 (the last step is pgqueue itself, as migrated). bench/hot_path_steps.py
--- builds each step's schema, `{s}` below, from the blocks its STEPS entry names; a block runs
--- from its `-- block:` line to the next one. The steps that call complete_and_claim() get the
--- migrated function itself, rewritten there (REWRITES) to undo the later steps' changes.
+-- `bench/run --hot-path-steps`: the job tables and old functions of the scratch steps between
+-- the claim() + complete_many() loop of the earlier migrations and the hot path of migration
+-- 20261203000003. bench/hot_path_steps.py builds each step's schema, `{s}` below, from the
+-- blocks its STEPS entry names (a block runs from its `-- block:` line to the next one), then
+-- adds what it takes from the rendered hot-path migration itself: its job_history and
+-- done_batches tables with their indexes, and its complete_and_claim(), rewritten there
+-- (REWRITES) to undo the later steps' changes.
 
 -- block: jobs_before
 -- The job table as before the migration: pgqueue.jobs's columns, defaults, identity and
@@ -27,12 +28,15 @@ create index jobs_finished_idx on {s}.jobs (finished_at)
   where status in ('done', 'failed', 'cancelled');
 create unique index jobs_idempotency_key_idx on {s}.jobs (idempotency_key)
   where idempotency_key is not null;
+-- Later migrations added columns to pgqueue.jobs (20261203000004: concurrency_key, progress);
+-- the steps' job tables are as they were before those.
+alter table {s}.jobs drop column concurrency_key, drop column progress;
 
 -- block: jobs_hot
--- The job table as migrated (step hot_claims): the claim index covers every live job,
--- without a status predicate, and there is no lease or finished index, so no index names a
--- column that a claim changes; pages are filled to half, to leave a claim's new row version
--- room on its page. A claim is then a HOT update: no index entry at all.
+-- The job table as migrated (steps hot_claims and done_batches): the claim index covers every
+-- live job, without a status predicate, and there is no lease or finished index, so no index
+-- names a column that a claim changes; pages are filled to half, to leave a claim's new row
+-- version room on its page. A claim is then a HOT update: no index entry at all.
 create table {s}.jobs (like pgqueue.jobs including all excluding indexes) with (
   fillfactor = 50,
   autovacuum_vacuum_scale_factor = 0.02,
@@ -44,15 +48,9 @@ alter table {s}.jobs add constraint jobs_pkey primary key (id);
 create index jobs_claim_idx on {s}.jobs (queue, priority desc, run_after, id);
 create unique index jobs_idempotency_key_idx on {s}.jobs (idempotency_key)
   where idempotency_key is not null;
-
--- block: job_history
--- pgqueue.job_history as migrated, indexes included. In these steps every done job is a row
--- here (in pgqueue, only those with an idempotency key are; the others go to done_batches).
-create table {s}.job_history (like pgqueue.job_history including all) with (
-  autovacuum_vacuum_scale_factor = 0.02,
-  autovacuum_vacuum_insert_scale_factor = 0.02,
-  autovacuum_vacuum_cost_delay = 0
-);
+-- Later migrations added columns to pgqueue.jobs (20261203000004: concurrency_key, progress);
+-- the steps' job tables are as they were before those.
+alter table {s}.jobs drop column concurrency_key, drop column progress;
 
 -- block: two_calls
 -- claim() as migration 20261203000000 left it (migration 20261202000001's, with the

@@ -29,16 +29,34 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[index]
 
 
+# The queue's state that a scenario starts without: the jobs, the finished jobs (history
+# tables), and the flow control (paused and rate-limited queues, concurrency limits, the
+# running jobs they count).
+STATE_TABLES = (
+    "jobs",
+    "job_history",
+    "done_batches",
+    "queues",
+    "concurrency_limits",
+    "running_keys",
+)
+
+
+def state_tables(conn: psycopg.Connection) -> list[str]:
+    """STATE_TABLES that the migrations have made, qualified."""
+    return [
+        f"{S}.{name}"
+        for name in STATE_TABLES
+        if conn.execute("select to_regclass(%s)", (f"{S}.{name}",)).fetchone()[0]
+    ]
+
+
 def reset(stack: Stack, queued: int = 0) -> None:
-    """An empty, vacuumed jobs table (and history tables, where the migrations have them), then
-    `queued` runnable no-op jobs (inserted in one statement: setting up is not what is
-    measured)."""
+    """Empty, vacuumed state tables (jobs, history, flow control, where the migrations have
+    them), then `queued` runnable no-op jobs (inserted in one statement: setting up is not
+    what is measured)."""
     with stack.cluster.connect(autocommit=True) as conn:
-        tables = [
-            name
-            for name in (f"{S}.jobs", f"{S}.job_history", f"{S}.done_batches")
-            if conn.execute("select to_regclass(%s)", (name,)).fetchone()[0]
-        ]
+        tables = state_tables(conn)
         conn.execute(f"truncate {', '.join(tables)}")
         if queued:
             conn.execute(
@@ -183,7 +201,7 @@ def run_claimers(
     time.sleep(0.3 + 0.1 * processes)  # connected and warmed up
     started = time.perf_counter()
     go.set()
-    results = _results(out, procs, timeout=600)
+    results = gather_results(out, procs, timeout=600)
     for proc in procs:
         proc.join()
     done = sum(count for count, _, _ in results)
@@ -193,7 +211,7 @@ def run_claimers(
     return jobs / elapsed, sum(claiming for _, _, claiming in results) / jobs * 1e6
 
 
-def _results(out: multiprocessing.Queue, procs: list[BaseProcess], timeout: float) -> list:
+def gather_results(out: multiprocessing.Queue, procs: list[BaseProcess], timeout: float) -> list:
     """What each of `procs` put on `out`. Fails as soon as one of them dies (its traceback is
     on stderr) instead of waiting out `timeout`."""
     results: list = []
@@ -293,7 +311,7 @@ def churn(stack: Stack, jobs: int, segment: int, backlog: int) -> dict[str, floa
     time.sleep(0.5)  # connected and warmed up
     started = time.perf_counter()
     go.set()
-    claims = sorted(c for result in _results(out, procs[1:], timeout=1800) for c in result)
+    claims = sorted(c for result in gather_results(out, procs[1:], timeout=1800) for c in result)
     for proc in procs:
         proc.join()
     _check_all_done(stack, jobs)

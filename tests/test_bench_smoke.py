@@ -35,6 +35,31 @@ SCENARIOS = {
         for processes in (1, 4)
     },
     "finished_rows": {"empty_jobs_per_s", "full_jobs_per_s", "full_vs_empty"},
+    # issue 17's flow control (the rate limit's worst excess is not listed: at most 0)
+    "fairness": {
+        *(f"key_{n:02d}_{end}_batch" for n in range(1, 11) for end in ("first", "last")),
+        "all_small_started_batch",
+        "keyed_jobs_per_s",
+        "unkeyed_jobs_per_s",
+        "keyed_vs_unkeyed",
+        "keyed_server_cpu_us_per_job",
+        "unkeyed_server_cpu_us_per_job",
+    },
+    "rate_limit": {
+        "limit_jobs_per_s",
+        "burst_jobs",
+        "claimed_jobs",
+        "claimed_jobs_per_s",
+        "max_in_1s_jobs",
+    },
+    "concurrency_limit": {
+        "jobs_per_s",
+        "limit_jobs",
+        "max_running_jobs",
+        "mean_running_jobs",
+        "max_held_jobs",
+        "sampler_reads",
+    },
     # the generated project's own worker, through its handler registry
     "worker_postgres_1proc": {"jobs_per_s", "cpu_us_per_job"},
     "worker_postgres_4proc": {"jobs_per_s", "cpu_us_per_job"},
@@ -108,6 +133,35 @@ def test_bench_runs_every_scenario_on_a_tiny_size(tmp_path: Path) -> None:
         p95 = scenarios[row["scenario"]][f"{row['shape']}_p95_ms"]["median"]
         assert row["met"] == (p95 <= row["target_p95_ms"]), row
         assert f"target {row['scenario']} {row['shape']}: p95" in printed
+    # Flow control: the small keys start within the first batches despite the big key's
+    # backlog ahead of them; no window of the rate-limited claims exceeds burst + rate * T,
+    # nor any second burst + rate, yet the limit lets jobs through; the limited key never runs
+    # more jobs at once than its limit, as counted from outside and as held by the claimers.
+    fairness = scenarios["fairness"]
+    last = fairness["all_small_started_batch"]["max"]
+    assert last <= 2, fairness
+    for n in range(1, 11):
+        first_batch = fairness[f"key_{n:02d}_first_batch"]["max"]
+        assert first_batch <= fairness[f"key_{n:02d}_last_batch"]["max"] <= last, (n, fairness)
+    rated = scenarios["rate_limit"]
+    rate, burst = rated["limit_jobs_per_s"]["median"], rated["burst_jobs"]["median"]
+    assert rated["worst_excess_jobs"]["max"] <= 0, rated
+    assert rated["max_in_1s_jobs"]["max"] <= burst + rate, rated
+    assert rated["claimed_jobs_per_s"]["min"] >= rate / 2, rated
+    limited = scenarios["concurrency_limit"]
+    limit = limited["limit_jobs"]["median"]
+    assert 1 <= limited["max_running_jobs"]["max"] <= limit, limited
+    assert 1 <= limited["max_held_jobs"]["max"] <= limit, limited
+    checked = {(row["scenario"], row["figure"]) for row in result["flow_control_targets"]}
+    assert checked == {
+        ("fairness", "all_small_started_batch"),
+        ("rate_limit", "worst_excess_jobs"),
+        ("concurrency_limit", "max_running_jobs"),
+        ("concurrency_limit", "max_held_jobs"),
+    }, result["flow_control_targets"]
+    for row in result["flow_control_targets"]:
+        assert row["met"], row
+        assert f"target {row['scenario']} {row['figure']}: " in printed
     assert result["server"]["fsync"] == "on"
     assert result["server"]["synchronous_commit"] == "on"
     assert "sql_claim_4proc" in printed and "x pgqueuer" in printed
@@ -143,7 +197,15 @@ def test_hot_path_steps_each_change_what_it_says(tmp_path: Path) -> None:
 
     result = json.loads(out.read_text())
     steps = result["scenarios"]
-    names = ["two_calls", "one_call", "one_token", "hot_claims", "done_batches", "pgmq"]
+    names = [
+        "two_calls",
+        "one_call",
+        "one_token",
+        "hot_claims",
+        "done_batches",
+        "flow_control",
+        "pgmq",
+    ]
     assert list(steps) == names
     assert list(result["steps"]) == names
     median = {name: {f: s["median"] for f, s in figures.items()} for name, figures in steps.items()}
@@ -165,15 +227,28 @@ def test_hot_path_steps_each_change_what_it_says(tmp_path: Path) -> None:
     # Before hot_claims a claim is never a HOT update, from then on most are.
     for name in ("two_calls", "one_call", "one_token"):
         assert median[name]["hot_update_share"] == 0, name
-    for name in ("hot_claims", "done_batches"):
+    for name in ("hot_claims", "done_batches", "flow_control"):
         assert median[name]["hot_update_share"] > 0.5, name
     # Done jobs stay in the job table, then take a history row each, then a row per call.
     assert median["two_calls"]["history_rows_per_job"] == 0
     for name in ("one_call", "one_token", "hot_claims"):
         assert median[name]["history_rows_per_job"] == 1, name
-    assert median["done_batches"]["history_rows_per_job"] == 1 / 100
+    for name in ("done_batches", "flow_control"):
+        assert median[name]["history_rows_per_job"] == 1 / 100, name
     # A lock token per job, then one per call (batch 100).
     for name in ("two_calls", "one_call"):
         assert median[name]["tokens_per_job"] == 1, name
-    for name in ("one_token", "hot_claims", "done_batches"):
+    for name in ("one_token", "hot_claims", "done_batches", "flow_control"):
         assert median[name]["tokens_per_job"] == 1 / 100, name
+    # Issue 17's cost: flow control with no keys, limits or pause against the hot path as its
+    # migration left it, checked against what was measured, and printed.
+    targets = {row["figure"]: row for row in result["ratio_targets"]}
+    assert set(targets) == {"server_cpu_us_per_job", "jobs_per_s"}, result["ratio_targets"]
+    for figure, row in targets.items():
+        assert (row["scenario"], row["over"]) == ("flow_control", "done_batches"), row
+        ratio = median["flow_control"][figure] / median["done_batches"][figure]
+        assert math.isclose(row["ratio"], ratio, rel_tol=0.01), row
+        assert row["met"] == (
+            ratio <= row["maximum"] if "maximum" in row else ratio >= row["minimum"]
+        ), row
+        assert f"target flow_control {figure} / done_batches" in printed
