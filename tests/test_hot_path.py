@@ -186,8 +186,12 @@ def test_a_key_whose_job_finishes_while_an_enqueue_waits_on_it_is_not_doubled(
 
 def test_no_statement_of_the_hot_path_scans_the_job_table(db: psycopg.Connection) -> None:
     enqueue_n(db, 5_000)
+    enqueue_n(db, 5_000, queue="other", concurrency_key="k")  # keyed jobs elsewhere
     db.execute("analyze pgqueue.jobs")
-    batch = complete_and_claim(db, max_jobs=100)
+    # more calls than plpgsql makes before it may switch to a cached generic plan
+    batch: list[dict] = []
+    for _ in range(8):
+        batch = complete_and_claim(db, batch, max_jobs=100)
     plans: list[str] = []
     db.add_notice_handler(lambda notice: plans.append(notice.message_primary or ""))
     db.execute(
@@ -226,3 +230,31 @@ def test_claims_and_heartbeats_are_hot_updates(db: psycopg.Connection) -> None:
     # grow by their lease); with an index on the status or the lease, none would.
     assert hot_after - hot_before >= 0.75 * 110, "no index entry for most claims and heartbeats"
     assert len({j["lock_token"] for j in batch}) == 1, "one token per claim"
+
+
+def test_no_statement_of_a_keyed_claim_scans_the_job_table(db: psycopg.Connection) -> None:
+    enqueue_n(db, 3_000, concurrency_key="big")
+    enqueue_n(db, 3_000)
+    for key in range(20):
+        enqueue_n(db, 5, concurrency_key=f"small-{key}")
+    db.execute("select pgqueue.set_concurrency_limit('small-1', 2)")
+    db.execute("analyze pgqueue.jobs")
+    try:
+        batch: list[dict] = []
+        for _ in range(8):
+            batch = complete_and_claim(db, batch, max_jobs=100)
+        plans: list[str] = []
+        db.add_notice_handler(lambda notice: plans.append(notice.message_primary or ""))
+        db.execute(
+            "load 'auto_explain'; set auto_explain.log_min_duration = 0;"
+            " set auto_explain.log_nested_statements = on; set client_min_messages = log"
+        )
+        try:
+            complete_and_claim(db, batch, max_jobs=100)
+        finally:
+            db.execute("reset client_min_messages; set auto_explain.log_min_duration = -1")
+    finally:
+        db.execute("truncate pgqueue.concurrency_limits, pgqueue.running_keys")
+    nested = "\n".join(p for p in plans if "pgqueue.jobs" in p)
+    assert "jobs_concurrency_idx" in nested and "jobs_claim_idx" in nested, nested
+    assert "Seq Scan on jobs" not in nested, nested

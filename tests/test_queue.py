@@ -472,7 +472,7 @@ def test_claims_and_the_history_are_served_by_their_indexes(db: psycopg.Connecti
     db.execute("analyze pgqueue.jobs; analyze pgqueue.job_history")
     plans = {
         "jobs_claim_idx": "select id from pgqueue.jobs where status = 'queued'"
-        " and queue = 'default' and run_after <= now()"
+        " and queue = 'default' and concurrency_key is null and run_after <= now()"
         " order by priority desc, run_after, id limit 10 for update skip locked",
         "job_history_finished_brin": "select id from pgqueue.job_history"
         " where status in ('done', 'cancelled') and finished_at < now() - interval '7 days'"
