@@ -28,6 +28,20 @@ def claim(db: psycopg.Connection, max_jobs: int = 1, **kw) -> list[dict]:
         return cur.execute(sql, {"max_jobs": max_jobs, **kw}).fetchall()
 
 
+def finish(db: psycopg.Connection, ids: list[int], status: str, ago: str) -> None:
+    """Move jobs to the history as finished `ago` (as their workers or the sweeper would have,
+    only sooner)."""
+    db.execute(
+        "with r as (delete from pgqueue.jobs where id = any(%(ids)s) returning *)"
+        " insert into pgqueue.job_history (id, queue, kind, status, priority, attempts,"
+        " max_attempts, payload, idempotency_key, created_at, finished_at)"
+        " select id, queue, kind, %(status)s, priority, attempts, max_attempts,"
+        " case when %(status)s <> 'done' then payload end, idempotency_key, created_at,"
+        " now() - %(ago)s::interval from r",
+        {"ids": ids, "status": status, "ago": ago},
+    )
+
+
 def expire_lease(db: psycopg.Connection, job_id: int) -> None:
     db.execute(
         "update pgqueue.jobs set locked_until = now() - interval '1 second' where id = %s",
@@ -233,9 +247,9 @@ def test_fail_can_dead_letter_at_once_or_retry_after_a_given_delay(db: psycopg.C
         "select pgqueue.fail(%s, %s, 'rate limited', retry_in => interval '90 seconds')",
         (b, by_id[b]),
     ).fetchone() == ("queued",)
-    delay = db.execute("select run_after - now() from pgqueue.all_jobs where id = %s", (b,)).fetchone()[
-        0
-    ]
+    delay = db.execute(
+        "select run_after - now() from pgqueue.all_jobs where id = %s", (b,)
+    ).fetchone()[0]
     assert timedelta(seconds=89) < delay <= timedelta(seconds=90)
 
 
@@ -306,7 +320,7 @@ def test_sweeper_prunes_finished_jobs_past_retention_but_keeps_dead_letters_long
         db.execute("select pgqueue.complete(%s, %s)", (i, claimed[i]))
     db.execute("select pgqueue.fail(%s, %s, 'x', retryable => false)", (ids[3], claimed[ids[3]]))
     db.execute(
-        "update pgqueue.jobs set finished_at = now() - interval '8 days' where id = any(%s)",
+        "update pgqueue.job_history set finished_at = now() - interval '8 days' where id = any(%s)",
         ([ids[0], ids[1], ids[3]],),
     )
     assert db.execute("select pruned from pgqueue.sweep()").fetchone() == (2,)
@@ -408,6 +422,7 @@ def test_service_role_has_exactly_the_worker_api(db: psycopg.Connection) -> None
         "release",
         "retry",
         "cancel",
+        "complete_and_claim",
         "sweep",
         "configure",
         "default_max_attempts",
@@ -435,24 +450,49 @@ def test_every_security_definer_function_pins_an_empty_search_path(
     assert [name for name, config in rows if config != ['search_path=""']] == []
 
 
-def test_claims_and_sweeps_are_served_by_their_partial_indexes(db: psycopg.Connection) -> None:
-    enqueue_n(db, 20_000)
-    db.execute(
-        "update pgqueue.jobs set status = 'done', finished_at = now() where id % 4 <> 0;"
-        "analyze pgqueue.jobs"
-    )
+def test_claims_and_the_history_are_served_by_their_indexes(db: psycopg.Connection) -> None:
+    ids = enqueue_n(db, 20_000)
+    finish(db, ids[:15_000], "done", "1 hour")
+    finish(db, ids[15_000:15_010], "failed", "1 hour")
+    db.execute("analyze pgqueue.jobs; analyze pgqueue.job_history")
     plans = {
-        "jobs_claim_idx": "select id from pgqueue.all_jobs where status = 'queued'"
+        "jobs_claim_idx": "select id from pgqueue.jobs where status = 'queued'"
         " and queue = 'default' and run_after <= now()"
         " order by priority desc, run_after, id limit 10 for update skip locked",
-        "jobs_lease_expiry_idx": "select id from pgqueue.all_jobs"
-        " where status = 'running' and locked_until < now()",
-        "jobs_finished_idx": "select id from pgqueue.all_jobs where status in ('done', 'cancelled')"
-        " and finished_at < now() - interval '7 days' limit 10000",
+        "job_history_finished_brin": "select id from pgqueue.job_history"
+        " where status in ('done', 'cancelled') and finished_at < now() - interval '7 days'"
+        " limit 10000",
+        "job_history_kept_idx": "select * from pgqueue.dead_letters",
+        "job_history_id_brin": f"select * from pgqueue.job_history where id = {ids[10]}",
     }
     for index, query in plans.items():
         plan = "\n".join(r[0] for r in db.execute(f"explain {query}"))
         assert index in plan, plan
+
+
+def test_finished_jobs_leave_the_job_table_for_the_history(db: psycopg.Connection) -> None:
+    done, dead, cancelled, waiting = enqueue_n(db, 4)
+    tokens = {j["id"]: j["lock_token"] for j in claim(db, 2)}
+    db.execute("select pgqueue.complete(%s, %s)", (done, tokens[done]))
+    db.execute("select pgqueue.fail(%s, %s, 'no', retryable => false)", (dead, tokens[dead]))
+    db.execute("select pgqueue.cancel(%s)", (cancelled,))
+    assert [r[0] for r in db.execute("select id from pgqueue.jobs")] == [waiting]
+    history = db.execute(
+        "select id, status, payload, last_error from pgqueue.job_history order by id"
+    ).fetchall()
+    assert history == [
+        (done, "done", None, None),
+        (dead, "failed", {"n": 1}, "no"),
+        (cancelled, "cancelled", {"n": 2}, None),
+    ], "done jobs keep no payload; dead letters and cancelled jobs keep theirs for retry()"
+    assert [r[0] for r in db.execute("select id from pgqueue.dead_letters")] == [dead]
+    assert db.execute("select pgqueue.retry(%s)", (dead,)).fetchone() == (True,)
+    assert job(db, dead)["status"] == "queued" and job(db, dead)["payload"] == {"n": 1}
+    assert (
+        db.execute("select count(*) from pgqueue.job_history where id = %s", (dead,)).fetchone()[0]
+        == 0
+    )
+    assert db.execute("select pgqueue.retry(%s)", (done,)).fetchone() == (False,)
 
 
 def test_enqueue_refuses_a_payload_over_one_mebibyte(db: psycopg.Connection) -> None:
@@ -507,16 +547,8 @@ def test_new_jobs_and_claims_follow_the_configuration(db: psycopg.Connection, co
 
 def test_sweep_prunes_by_the_configured_retention(db: psycopg.Connection, config) -> None:
     ids = [db.execute("select pgqueue.enqueue('old')").fetchone()[0] for _ in range(2)]
-    db.execute(
-        "update pgqueue.jobs set status = 'done', finished_at = now() - interval '3 days'"
-        " where id = %s",
-        (ids[0],),
-    )
-    db.execute(
-        "update pgqueue.jobs set status = 'failed', finished_at = now() - interval '3 days'"
-        " where id = %s",
-        (ids[1],),
-    )
+    finish(db, ids[:1], "done", "3 days")
+    finish(db, ids[1:], "failed", "3 days")
     assert db.execute("select pruned from pgqueue.sweep()").fetchone()[0] == 0
     db.execute("""select pgqueue.configure('{"retention_days": 2}')""")
     assert db.execute("select pruned from pgqueue.sweep()").fetchone()[0] == 1

@@ -77,7 +77,7 @@ def wait_for_status(
     with cluster.connect(autocommit=True) as db:
         while time.monotonic() < deadline:
             statuses = db.execute(
-                f"select status from {schema}.jobs where id = any(%s)", (ids,)
+                f"select status from {schema}.all_jobs where id = any(%s)", (ids,)
             ).fetchall()
             if {s for (s,) in statuses} == {status}:
                 return
@@ -349,7 +349,8 @@ def fill_queue(db, schema: str) -> dict[str, list[int]]:
     ids = {"queued": queued}
     for state in ("running", "failed", "done"):
         (job_id,) = db.execute(
-            f"select {schema}.enqueue(%s, max_attempts => 1)", (state,)
+            f"select {schema}.enqueue(%s, max_attempts => 1, idempotency_key => %s)",
+            (state, f"release-{state}"),
         ).fetchone()
         (token,) = db.execute(
             f"select lock_token from {schema}.claim('release-worker', kinds => array[%s])",
@@ -413,10 +414,20 @@ def test_a_project_from_the_release_updates_to_head_with_its_live_jobs(
         supabase(project, "migration", "up", "--db-url", cluster.url())
 
         with cluster.connect(autocommit=True) as db:
+            # finished jobs moved to the history (all_jobs shows both), with their states
             after = db.execute(
-                f"select id, kind, status, attempts, max_attempts from {schema}.jobs order by id"
+                f"select id, kind, status, attempts, max_attempts from {schema}.all_jobs"
+                " order by id"
             ).fetchall()
             assert after == before
+            live = db.execute(f"select status from {schema}.jobs").fetchall()
+            assert {status for (status,) in live} == {"queued", "running"}
+            for state in ("running", "failed", "done"):
+                again = db.execute(
+                    f"select {schema}.enqueue(%s, idempotency_key => %s)",
+                    (state, f"release-{state}"),
+                ).fetchone()
+                assert again == (ids[state][0],), f"the {state} job still holds its key"
             assert_database_follows_answers(db, project)
 
         # the updated project's worker drains the jobs that waited through the upgrade
@@ -425,7 +436,7 @@ def test_a_project_from_the_release_updates_to_head_with_its_live_jobs(
             wait_for_status(cluster, ids["queued"], "done", worker, schema)
         assert worker.returncode == 0, "SIGTERM ends the worker cleanly"
         with cluster.connect() as db:
-            states = dict(db.execute(f"select id, status from {schema}.jobs").fetchall())
+            states = dict(db.execute(f"select id, status from {schema}.all_jobs").fetchall())
         assert [states[i] for s in ("running", "failed", "done") for i in ids[s]] == [
             "running",
             "failed",

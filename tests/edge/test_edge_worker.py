@@ -125,7 +125,9 @@ def test_a_throwing_handler_is_retried_then_dead_lettered(
                         when {fine} then status = 'done' end""",
             edge_worker,
         )
-        invalid_error = db.execute("select last_error from pgqueue.all_jobs where id = %s", (invalid,))
+        invalid_error = db.execute(
+            "select last_error from pgqueue.all_jobs where id = %s", (invalid,)
+        )
         assert "invalid payload for send_email" in invalid_error.fetchone()[0]
 
         for attempt in (2, 3):

@@ -1,0 +1,228 @@
+"""The hot path on a real PostgreSQL: complete_and_claim(), and idempotency keys that outlive
+the live row now that finished jobs move to the history."""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import Counter
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from testkit.cluster import Cluster
+from tests.support.jobs import job
+from tests.test_queue import enqueue_n, expire_lease
+
+
+def complete_and_claim(
+    db: psycopg.Connection, done: list[dict] | None = None, max_jobs: int = 10, **kw
+) -> list[dict]:
+    """complete_and_claim() for worker 'w', completing the jobs in `done` (rows it returned)."""
+    done = done or []
+    args = "".join(f", {k} => %({k})s" for k in kw)
+    with db.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            "select * from pgqueue.complete_and_claim('w', %(ids)s::bigint[], %(tokens)s::uuid[],"
+            f" %(max_jobs)s{args})",
+            {
+                "ids": [j["id"] for j in done],
+                "tokens": [j["lock_token"] for j in done],
+                "max_jobs": max_jobs,
+                **kw,
+            },
+        ).fetchall()
+
+
+def test_one_call_completes_the_last_batch_and_claims_the_next(db: psycopg.Connection) -> None:
+    ids = enqueue_n(db, 5)
+    first = complete_and_claim(db, max_jobs=2)
+    assert [j["id"] for j in first] == ids[:2]
+    assert set(first[0]) == {
+        "id", "kind", "payload", "attempts", "max_attempts", "lock_token", "locked_at",
+        "locked_until",
+    }  # fmt: skip
+    assert first[0]["attempts"] == 1 and first[0]["payload"] == {"n": 0}
+    second = complete_and_claim(db, first, max_jobs=2)
+    assert [j["id"] for j in second] == ids[2:4]
+    assert [job(db, i)["status"] for i in ids] == ["done", "done", "running", "running", "queued"]
+    assert complete_and_claim(db, second, max_jobs=0) == [], "max_jobs 0 only completes"
+    assert [job(db, i)["status"] for i in ids] == ["done"] * 4 + ["queued"]
+    assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (1,)
+
+
+def test_a_stale_token_completes_nothing(db: psycopg.Connection) -> None:
+    (job_id,) = enqueue_n(db, 1)
+    (claimed,) = complete_and_claim(db)
+    expire_lease(db, job_id)
+    db.execute("select pgqueue.sweep()")
+    db.execute("update pgqueue.jobs set run_after = now() where id = %s", (job_id,))
+    (again,) = complete_and_claim(db)
+    assert again["attempts"] == 2
+    assert complete_and_claim(db, [claimed], max_jobs=0) == []
+    assert job(db, job_id)["status"] == "running", "the old attempt's token no longer counts"
+    complete_and_claim(db, [again], max_jobs=0)
+    assert job(db, job_id)["status"] == "done"
+
+
+def test_it_claims_only_the_given_kinds_of_the_given_queue_for_the_given_lease(
+    db: psycopg.Connection,
+) -> None:
+    enqueue_n(db, 2, kind="a")
+    (b,) = enqueue_n(db, 1, kind="b")
+    enqueue_n(db, 1, kind="b", queue="other")
+    (claimed,) = complete_and_claim(db, kinds=["b"], lease_seconds=30)
+    assert claimed["id"] == b
+    assert (claimed["locked_until"] - claimed["locked_at"]).total_seconds() == 30
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        ("max_jobs => -1", "max_jobs must be between 0 and 10000, got -1"),
+        ("max_jobs => 10001", "max_jobs must be between 0 and 10000, got 10001"),
+        ("lease_seconds => 0", "lease_seconds must be at least 1, got 0"),
+        (
+            "done_ids => array[1, 2], done_tokens => array[gen_random_uuid()]",
+            "done_ids and done_tokens must have the same length (2 and 1)",
+        ),
+    ],
+)
+def test_bad_arguments_are_refused_and_change_nothing(
+    db: psycopg.Connection, call: str, message: str
+) -> None:
+    enqueue_n(db, 1)
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match=re.escape(message)):
+        db.execute(f"select * from pgqueue.complete_and_claim('w', {call})")
+    assert db.execute("select status from pgqueue.jobs").fetchone() == ("queued",)
+
+
+def test_four_looping_claimers_run_every_job_exactly_once(
+    db: psycopg.Connection, stack: Cluster
+) -> None:
+    ids = enqueue_n(db, 10_000)
+    completed: Counter[int] = Counter()
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def claimer(n: int) -> None:
+        try:
+            with stack.connect(autocommit=True) as conn:
+                batch: list[dict] = []
+                while True:
+                    nxt = complete_and_claim(conn, batch, max_jobs=50)
+                    with lock:
+                        completed.update(j["id"] for j in batch)
+                    if not nxt:
+                        return
+                    batch = nxt
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=claimer, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors
+    assert sorted(completed) == ids and set(completed.values()) == {1}
+    assert db.execute(
+        "select status, attempts, count(*) from pgqueue.all_jobs group by 1, 2"
+    ).fetchall() == [("done", 1, 10_000)]
+    assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (0,)
+
+
+def test_a_key_stays_taken_after_its_job_finished_until_the_history_is_pruned(
+    db: psycopg.Connection,
+) -> None:
+    first = db.execute("select pgqueue.enqueue('mail', idempotency_key => 'k1')").fetchone()[0]
+    (claimed,) = complete_and_claim(db)
+    complete_and_claim(db, [claimed], max_jobs=0)
+    again = db.execute("select pgqueue.enqueue('mail', idempotency_key => 'k1')").fetchone()[0]
+    assert again == first
+    many = db.execute(
+        "select pgqueue.enqueue_many(%s)",
+        (psycopg.types.json.Jsonb([{"kind": "mail", "idempotency_key": "k1"}, {"kind": "x"}]),),
+    ).fetchall()
+    assert many[0][0] == first
+    assert db.execute("select count(*) from pgqueue.jobs where kind = 'mail'").fetchone() == (0,)
+
+    db.execute("update pgqueue.job_history set finished_at = now() - interval '30 days'")
+    db.execute("select pgqueue.sweep()")
+    fresh = db.execute("select pgqueue.enqueue('mail', idempotency_key => 'k1')").fetchone()[0]
+    assert fresh != first and job(db, fresh)["status"] == "queued"
+
+
+def test_a_key_whose_job_finishes_while_an_enqueue_waits_on_it_is_not_doubled(
+    db: psycopg.Connection, stack: Cluster
+) -> None:
+    first = db.execute("select pgqueue.enqueue('mail', idempotency_key => 'k2')").fetchone()[0]
+    (claimed,) = complete_and_claim(db)
+    results: list[int] = []
+    with stack.connect() as finisher:
+        # The worker's completion is in flight: the row holding the key is deleted, not yet
+        # committed, and its history row not yet visible to others.
+        complete_and_claim(finisher, [claimed], max_jobs=0)
+
+        def enqueue() -> None:
+            with stack.connect(autocommit=True) as conn:
+                results.append(
+                    conn.execute(
+                        "select pgqueue.enqueue('mail', idempotency_key => 'k2')"
+                    ).fetchone()[0]
+                )
+
+        racer = threading.Thread(target=enqueue)
+        racer.start()
+        racer.join(1)
+        assert racer.is_alive(), "the enqueue waits on the key's row"
+        finisher.commit()
+        racer.join(10)
+    assert results == [first]
+    assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (0,)
+    assert db.execute("select count(*) from pgqueue.all_jobs").fetchone() == (1,)
+
+
+def test_no_statement_of_the_hot_path_scans_the_job_table(db: psycopg.Connection) -> None:
+    enqueue_n(db, 5_000)
+    db.execute("analyze pgqueue.jobs")
+    batch = complete_and_claim(db, max_jobs=100)
+    plans: list[str] = []
+    db.add_notice_handler(lambda notice: plans.append(notice.message_primary or ""))
+    db.execute(
+        "load 'auto_explain'; set auto_explain.log_min_duration = 0;"
+        " set auto_explain.log_nested_statements = on; set client_min_messages = log"
+    )
+    try:
+        complete_and_claim(db, batch, max_jobs=100)
+    finally:
+        db.execute("reset client_min_messages; set auto_explain.log_min_duration = -1")
+    nested = "\n".join(p for p in plans if "pgqueue.jobs" in p)
+    assert "Seq Scan" not in nested, nested
+    assert "Index Scan using jobs_pkey" in nested, "completions find their jobs by id"
+    assert "Index Scan using jobs_claim_idx" in nested, "claims take jobs in claim order"
+    assert "Tid Scan" in nested, "and update the rows they locked by ctid"
+
+
+def test_claims_and_heartbeats_are_hot_updates(db: psycopg.Connection) -> None:
+    def hot_and_all() -> tuple[int, int]:
+        db.execute("select pg_stat_force_next_flush()")
+        row = db.execute(
+            "select n_tup_hot_upd, n_tup_upd from pg_stat_user_tables"
+            " where relid = 'pgqueue.jobs'::regclass"
+        ).fetchone()
+        assert row is not None
+        return row
+
+    enqueue_n(db, 200)
+    hot_before, all_before = hot_and_all()
+    batch = complete_and_claim(db, max_jobs=100)
+    for claimed in batch[:10]:
+        db.execute("select pgqueue.heartbeat(%s, %s)", (claimed["id"], claimed["lock_token"]))
+    hot_after, all_after = hot_and_all()
+    assert all_after - all_before == 110
+    # HOT needs room on the row's page: most, not all, find it (half-filled pages, rows that
+    # grow by their lease); with an index on the status or the lease, none would.
+    assert hot_after - hot_before >= 0.75 * 110, "no index entry for most claims and heartbeats"
+    assert len({j["lock_token"] for j in batch}) == 1, "one token per claim"
