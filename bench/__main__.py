@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from . import generated_worker, queue_sql, report, sql_variants, wakeups
+from . import generated_worker, peers, queue_sql, report, sql_variants, wakeups
 from . import stack as stack_module
 from .stack import REPO, Stack
 
@@ -26,7 +26,7 @@ Figures = dict[str, float]
 class Sizes:
     jobs: int  # jobs drained per drain/claim figure
     enqueue_jobs: int
-    finished: int  # finished rows kept in the table for the table-size figure
+    finished: int  # finished jobs kept (history and done batches) for the finished_rows figure
     supabase_jobs: int  # the supabase transport pays an HTTP request per call
     pgqueuer_jobs: int
     procrastinate_jobs: int
@@ -37,11 +37,22 @@ class Sizes:
     wakeup_200_samples: int
     isolated_samples: int
     isolated_every: float
+    # the churn scenario: jobs through the table, the claim rate of each `churn_segment` of
+    # them, with about `churn_backlog` queued at a time
+    churn_jobs: int
+    churn_segment: int
+    churn_backlog: int
 
 
-FULL = Sizes(20_000, 100_000, 1_000_000, 5_000, 20_000, 1_000, 500, 100.0, 250, 600, 15, 2.0)
+FULL = Sizes(
+    20_000, 100_000, 1_000_000, 5_000, 20_000, 1_000, 500, 100.0, 250, 600, 15, 2.0,
+    churn_jobs=500_000, churn_segment=50_000, churn_backlog=10_000,
+)  # fmt: skip
 # (isolated jobs closer together than in a real run: the smoke run only checks that it works)
-SMOKE = Sizes(300, 1_000, 2_000, 100, 300, 30, 20, 100.0, 10, 20, 2, 0.5)
+SMOKE = Sizes(
+    300, 1_000, 2_000, 100, 300, 30, 20, 100.0, 10, 20, 2, 0.5,
+    churn_jobs=3_000, churn_segment=500, churn_backlog=500,
+)  # fmt: skip
 TRANSPORTS = ("postgres", "supabase")
 
 
@@ -108,8 +119,21 @@ def scenarios(sizes: Sizes) -> dict[str, Callable[[Stack], Figures]]:
     return {
         "commit_latency": lambda s: queue_sql.commit_latency(s, samples=200),
         "enqueue_many": lambda s: queue_sql.enqueue_many(s, sizes.enqueue_jobs),
+        "pgmq_send_batch": lambda s: peers.pgmq_send_batch(s, sizes.enqueue_jobs),
         "sql_claim_1proc": lambda s: queue_sql.claim_loop(s, sizes.jobs, processes=1),
         "sql_claim_4proc": lambda s: queue_sql.claim_loop(s, sizes.jobs, processes=4),
+        "sql_hot_1proc": lambda s: queue_sql.hot_loop(s, sizes.jobs, processes=1),
+        "sql_hot_4proc": lambda s: queue_sql.hot_loop(s, sizes.jobs, processes=4),
+        **{
+            f"pgmq_read_{finish}_{processes}proc": lambda s, f=finish, p=processes: (
+                peers.pgmq_drain(s, sizes.jobs, p, f)
+            )
+            for finish in ("delete", "archive")
+            for processes in (1, 4)
+        },
+        "churn": lambda s: queue_sql.churn(
+            s, sizes.churn_jobs, sizes.churn_segment, sizes.churn_backlog
+        ),
         "notify_latency": lambda s: queue_sql.notify_latency(
             s, sizes.latency_samples, sizes.latency_rate
         ),
@@ -121,8 +145,8 @@ def scenarios(sizes: Sizes) -> dict[str, Callable[[Stack], Figures]]:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bench/run",
-        description="Benchmark the generated queue against pgqueuer and procrastinate on a "
-        "local cluster with durable commits. Prints a table, writes JSON.",
+        description="Benchmark the generated queue against pgmq, pgqueuer and procrastinate on "
+        "a local cluster with durable commits. Prints a table, writes JSON.",
         epilog="scenarios: "
         + ", ".join(_known(FULL))
         + ". Method and latest figures: docs/performance.md",
@@ -225,9 +249,12 @@ def main(argv: list[str] | None = None) -> int:
     document["elapsed_s"] = round((datetime.now(UTC) - started).total_seconds(), 1)
     document["scenarios"] = report.summarize(raw)
     document["targets"] = wakeups.targets(document["scenarios"])
+    document["ratio_targets"] = report.ratio_targets(document["scenarios"])
     print(report.table(document["scenarios"]))
     if document["targets"]:
         print(wakeups.targets_table(document["targets"]))
+    if document["ratio_targets"]:
+        print(report.ratio_targets_table(document["ratio_targets"]))
     report.write_json(out, document)
     print(f"bench: wrote {out}", file=sys.stderr)
     return 0

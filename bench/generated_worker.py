@@ -245,7 +245,7 @@ def enqueue_steadily(
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         done = conn.execute(
-            f"select count(*) from {SCHEMA}.jobs where id = any(%s) and status = 'done'",
+            f"select count(*) from {SCHEMA}.all_jobs where id = any(%s) and status = 'done'",
             (list(sent),),
         )
         if done.fetchone()[0] >= samples:

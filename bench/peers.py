@@ -1,21 +1,31 @@
-"""The peers, each run in a process of its own: `python -m bench.peers NAME DSN JOBS` prints
-one JSON object with the peer's bulk-enqueue and drain rates (jobs/s).
-
-Each peer is driven through its documented API, with a no-op handler, in a database of its
-own on the benchmark's cluster (same server, same durable settings):
+"""The peers. Each is driven through its documented API, with a no-op handler, in a database
+of its own on the benchmark's cluster (same server, same durable settings):
 - pgqueuer 1.6.0: five QueueManagers (one asyncpg connection each) in drain mode, batch 10,
   as its own benchmark runs it ("5 dequeuers x batch 10").
 - procrastinate 3.10.0: one worker, concurrency 10, `wait=False` (drains, then returns).
+- pgmq 1.5.1 (Supabase Queues): its SQL API through psycopg, exactly as our `sql_claim_*`
+  scenarios drive ours (same processes, warm-up, prepared statements, job count and batch).
+
+pgqueuer and procrastinate run in a process of their own: `python -m bench.peers NAME DSN
+JOBS` prints one JSON object with the peer's bulk-enqueue and drain rates (jobs/s). pgmq's
+scenarios are functions of the stack, like queue_sql's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import multiprocessing
 import sys
 import time
+from multiprocessing.synchronize import Event as EventType
 
-ENQUEUE_BATCH = 1000  # the same batch size as our enqueue_many scenario
+import psycopg
+
+from .queue_sql import CLAIM_BATCH, ENQUEUE_BATCH, run_claimers
+from .stack import Stack, wait_idle_autovacuum
+
 PGQUEUER_DEQUEUERS = 5
 PGQUEUER_BATCH = 10
 PROCRASTINATE_CONCURRENCY = 10
@@ -63,7 +73,6 @@ async def pgqueuer(dsn: str, jobs: int) -> dict[str, float]:
 
 async def procrastinate(dsn: str, jobs: int) -> dict[str, float]:
     import procrastinate as pc
-    import psycopg
 
     app = pc.App(connector=pc.PsycopgConnector(conninfo=dsn))
 
@@ -99,6 +108,86 @@ async def procrastinate(dsn: str, jobs: int) -> dict[str, float]:
 
 
 PEERS = {"pgqueuer": pgqueuer, "procrastinate": procrastinate}
+
+PGMQ_QUEUE = "bench"  # a logged queue: its tables pgmq.q_bench and pgmq.a_bench
+PGMQ_WARM_UP = "warm_up"  # an empty queue the drains warm up on
+PGMQ_VT = 30  # seconds a read message stays invisible, as pgmq's docs read it
+
+
+def pgmq_reset(stack: Stack, queued: int = 0) -> None:
+    """pgmq installed, its queue empty and vacuumed, then `queued` messages (sent in one
+    statement: setting up is not what is measured)."""
+    with stack.cluster.connect("pgmq", autocommit=True) as conn:
+        conn.execute("create extension if not exists pgmq")
+        for queue in (PGMQ_QUEUE, PGMQ_WARM_UP):
+            conn.execute("select pgmq.create(%s)", (queue,))
+        tables = f"pgmq.q_{PGMQ_QUEUE}, pgmq.a_{PGMQ_QUEUE}"
+        conn.execute(f"truncate {tables}")
+        if queued:
+            conn.execute(
+                "select count(*) from pgmq.send_batch(%s, array("
+                "select jsonb_build_object('n', n) from generate_series(1, %s) as n))",
+                (PGMQ_QUEUE, queued),
+            )
+        conn.execute(f"vacuum analyze {tables}")
+    wait_idle_autovacuum(stack)
+
+
+def pgmq_send_batch(stack: Stack, jobs: int) -> dict[str, float]:
+    """Bulk enqueue through pgmq.send_batch(queue, jsonb[]), ENQUEUE_BATCH messages a call, one
+    connection: our enqueue_many scenario's counterpart."""
+    pgmq_reset(stack)
+    batches = [
+        [json.dumps({"n": n}) for n in range(first, min(first + ENQUEUE_BATCH, jobs))]
+        for first in range(0, jobs, ENQUEUE_BATCH)
+    ]
+    send = "select count(*) from pgmq.send_batch(%s, %s::jsonb[])"
+    with stack.cluster.connect("pgmq", autocommit=True) as conn:
+        started = time.perf_counter()
+        for batch in batches:
+            conn.execute(send, (PGMQ_QUEUE, batch), prepare=True)
+        elapsed = time.perf_counter() - started
+        count = conn.execute(f"select count(*) from pgmq.q_{PGMQ_QUEUE}").fetchone()[0]
+    if count != jobs:
+        raise RuntimeError(f"pgmq.send_batch stored {count} of {jobs} messages")
+    return {"jobs_per_s": jobs / elapsed}
+
+
+def _pgmq_loop(dsn: str, name: str, go: EventType, out: multiprocessing.Queue, finish: str) -> None:
+    """queue_sql._claim_loop's counterpart: read(q, 30, 100), then delete or archive the ids
+    read, each call its own transaction, until read returns nothing."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        read = "select msg_id from pgmq.read(%s, %s, %s)"
+        done_with = f"select count(*) from pgmq.{finish}(%s, %s::bigint[])"
+        # Warm up on a queue nobody sends to: statements prepared, the functions compiled.
+        conn.execute(read, (PGMQ_WARM_UP, PGMQ_VT, CLAIM_BATCH), prepare=True).fetchall()
+        conn.execute(done_with, (PGMQ_WARM_UP, []), prepare=True)
+        go.wait()
+        done = 0
+        reading = 0.0  # time spent in read() calls, commits included
+        while True:
+            began = time.perf_counter()
+            rows = conn.execute(read, (PGMQ_QUEUE, PGMQ_VT, CLAIM_BATCH), prepare=True).fetchall()
+            reading += time.perf_counter() - began
+            if not rows:
+                break
+            ids = [msg_id for (msg_id,) in rows]
+            done += conn.execute(done_with, (PGMQ_QUEUE, ids), prepare=True).fetchone()[0]
+        out.put((done, time.perf_counter(), reading))
+
+
+def pgmq_drain(stack: Stack, jobs: int, processes: int, finish: str) -> dict[str, float]:
+    """`processes` processes, each looping pgmq.read(q, 30, 100) + pgmq.<finish>(q, ids)
+    (`delete` or `archive`) until the queue is empty: our sql_claim_* scenarios' counterpart."""
+    pgmq_reset(stack, queued=jobs)
+    loop = functools.partial(_pgmq_loop, finish=finish)
+    rate = run_claimers(stack.dsn("pgmq"), jobs, processes, loop)[0]
+    with stack.cluster.connect("pgmq") as conn:
+        left = conn.execute(f"select count(*) from pgmq.q_{PGMQ_QUEUE}").fetchone()[0]
+        archived = conn.execute(f"select count(*) from pgmq.a_{PGMQ_QUEUE}").fetchone()[0]
+    if left or archived != (jobs if finish == "archive" else 0):
+        raise RuntimeError(f"pgmq {finish}: {left} messages left, {archived} archived of {jobs}")
+    return {"jobs_per_s": rate}
 
 
 def main(argv: list[str]) -> int:

@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import queue
 import statistics
 import threading
 import time
+from collections.abc import Callable
+from multiprocessing.process import BaseProcess
+from multiprocessing.sharedctypes import Synchronized
+from multiprocessing.synchronize import Event as EventType
 
 import psycopg
 
@@ -25,17 +30,23 @@ def percentile(values: list[float], p: float) -> float:
 
 
 def reset(stack: Stack, queued: int = 0) -> None:
-    """An empty, vacuumed jobs table, then `queued` runnable no-op jobs (inserted in one
-    statement: setting up is not what is measured)."""
+    """An empty, vacuumed jobs table (and history tables, where the migrations have them), then
+    `queued` runnable no-op jobs (inserted in one statement: setting up is not what is
+    measured)."""
     with stack.cluster.connect(autocommit=True) as conn:
-        conn.execute(f"truncate {S}.jobs")
+        tables = [
+            name
+            for name in (f"{S}.jobs", f"{S}.job_history", f"{S}.done_batches")
+            if conn.execute("select to_regclass(%s)", (name,)).fetchone()[0]
+        ]
+        conn.execute(f"truncate {', '.join(tables)}")
         if queued:
             conn.execute(
                 f"insert into {S}.jobs (kind, payload) "
                 f"select 'noop', jsonb_build_object('n', n) from generate_series(1, %s) as n",
                 (queued,),
             )
-        conn.execute(f"vacuum analyze {S}.jobs")
+        conn.execute(f"vacuum analyze {', '.join(tables)}")
     wait_idle_autovacuum(stack)
 
 
@@ -73,7 +84,13 @@ def enqueue_many(stack: Stack, jobs: int) -> dict[str, float]:
     return {"jobs_per_s": jobs / elapsed}
 
 
-def _claim_loop(dsn: str, name: str, go: multiprocessing.Event, out: multiprocessing.Queue) -> None:
+# A claimer process: (dsn, worker name, go signal, results queue). It connects and warms up,
+# waits for the go signal, drains the queue, then puts (jobs completed, when it finished,
+# seconds spent in its claiming calls) on the queue.
+Claimer = Callable[[str, str, EventType, multiprocessing.Queue], None]
+
+
+def _claim_loop(dsn: str, name: str, go: EventType, out: multiprocessing.Queue) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         claim = f"select id, lock_token from {S}.claim(%s, %s, null, %s)"
         complete = f"select count(*) from {S}.complete_many(%s::bigint[], %s::uuid[])"
@@ -98,23 +115,75 @@ def claim_loop(stack: Stack, jobs: int, processes: int) -> dict[str, float]:
     """`processes` processes, each looping claim(100) + complete_many() until the queue is empty:
     the jobs/s the SQL API allows with a no-op handler and nothing else in the way."""
     reset(stack, queued=jobs)
-    return {"jobs_per_s": _run_claimers(stack, jobs, processes)[0]}
+    return {"jobs_per_s": run_claimers(stack.dsn(), jobs, processes)[0]}
 
 
-def _run_claimers(stack: Stack, jobs: int, processes: int) -> tuple[float, float]:
-    """jobs/s, and microseconds per claimed row spent in claim() calls."""
+HOT_PATH = (
+    f"select id, lock_token from {S}.complete_and_claim(%s, %s::bigint[], %s::uuid[], %s, null, %s)"
+)
+
+
+def _hot_loop(dsn: str, name: str, go: EventType, out: multiprocessing.Queue) -> None:
+    """complete_and_claim() in a loop, each call completing the batch the previous one
+    claimed: the call that finds the queue empty completes the last batch."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        # Warm up on an empty queue: statement prepared, the function's plans cached.
+        conn.execute(HOT_PATH, (name, [], [], CLAIM_BATCH, "warm-up"), prepare=True).fetchall()
+        go.wait()
+        done = 0
+        calling = 0.0  # time spent in complete_and_claim() calls, commits included
+        ids: list[int] = []
+        tokens: list[object] = []
+        while True:
+            began = time.perf_counter()
+            rows = conn.execute(
+                HOT_PATH, (name, ids, tokens, CLAIM_BATCH, "default"), prepare=True
+            ).fetchall()
+            calling += time.perf_counter() - began
+            done += len(ids)
+            if not rows:
+                break
+            ids, tokens = [job_id for job_id, _ in rows], [token for _, token in rows]
+        out.put((done, time.perf_counter(), calling))
+
+
+def hot_loop(stack: Stack, jobs: int, processes: int) -> dict[str, float]:
+    """`processes` processes, each looping complete_and_claim(100) until the queue is empty:
+    the hot path's jobs/s, one round trip and one commit per batch."""
+    reset(stack, queued=jobs)
+    rate = run_claimers(stack.dsn(), jobs, processes, _hot_loop)[0]
+    _check_all_done(stack, jobs)
+    return {"jobs_per_s": rate}
+
+
+def _check_all_done(stack: Stack, jobs: int) -> None:
+    """The hot path reports no completions back: check that every job is kept as done."""
+    with stack.cluster.connect() as conn:
+        left = conn.execute(f"select count(*) from {S}.jobs").fetchone()[0]
+        done = conn.execute(f"select count(*) from {S}.all_jobs where status = 'done'").fetchone()[
+            0
+        ]
+    if left or done != jobs:
+        raise RuntimeError(f"complete_and_claim: {left} jobs left, {done} of {jobs} done")
+
+
+def run_claimers(
+    dsn: str, jobs: int, processes: int, claimer: Claimer = _claim_loop
+) -> tuple[float, float]:
+    """Start `processes` claimers on the database at `dsn`, give them the go together once they
+    are warmed up, and wait until they have drained `jobs` jobs: jobs/s, and microseconds per
+    job spent in their claiming calls."""
     ctx = multiprocessing.get_context("fork")
     go, out = ctx.Event(), ctx.Queue()
     procs = [
-        ctx.Process(target=_claim_loop, args=(stack.dsn(), f"bench-{i}", go, out))
-        for i in range(processes)
+        ctx.Process(target=claimer, args=(dsn, f"bench-{i}", go, out)) for i in range(processes)
     ]
     for proc in procs:
         proc.start()
     time.sleep(0.3 + 0.1 * processes)  # connected and warmed up
     started = time.perf_counter()
     go.set()
-    results = [out.get(timeout=600) for _ in procs]
+    results = _results(out, procs, timeout=600)
     for proc in procs:
         proc.join()
     done = sum(count for count, _, _ in results)
@@ -124,48 +193,194 @@ def _run_claimers(stack: Stack, jobs: int, processes: int) -> tuple[float, float
     return jobs / elapsed, sum(claiming for _, _, claiming in results) / jobs * 1e6
 
 
+def _results(out: multiprocessing.Queue, procs: list[BaseProcess], timeout: float) -> list:
+    """What each of `procs` put on `out`. Fails as soon as one of them dies (its traceback is
+    on stderr) instead of waiting out `timeout`."""
+    results: list = []
+    deadline = time.monotonic() + timeout
+    while len(results) < len(procs):
+        try:
+            results.append(out.get(timeout=0.5))
+        except queue.Empty:
+            died = [p for p in procs if p.exitcode not in (None, 0)]
+            if died or time.monotonic() > deadline:
+                for proc in procs:
+                    proc.kill()
+                why = f"{len(died)} died" if died else f"no answer in {timeout:.0f}s"
+                raise RuntimeError(f"bench processes: {why}; see their output above") from None
+    return results
+
+
+CHURN_CLAIMERS = 2
+
+
+def _churn_enqueuer(
+    dsn: str, jobs: int, backlog: int, go: EventType, enqueued: EventType, claimed: Synchronized
+) -> None:
+    """enqueue_many() in batches of ENQUEUE_BATCH whenever fewer than `backlog` jobs are queued,
+    until `jobs` (those queued before the go included) have been enqueued."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        enqueue = f"select count(*) from {S}.enqueue_many(%s::jsonb)"
+        go.wait()
+        sent = backlog  # queued before the go
+        try:
+            while sent < jobs:
+                if sent - claimed.value >= backlog:
+                    time.sleep(0.001)
+                    continue
+                size = min(ENQUEUE_BATCH, jobs - sent)
+                batch = [{"kind": "noop", "payload": {"n": n}} for n in range(sent, sent + size)]
+                conn.execute(enqueue, (json.dumps(batch),), prepare=True)
+                sent += size
+        finally:
+            enqueued.set()  # (if it failed too: the claimers stop, the check below fails)
+
+
+def _churn_claimer(
+    dsn: str,
+    name: str,
+    go: EventType,
+    enqueued: EventType,
+    claimed: Synchronized,
+    out: multiprocessing.Queue,
+) -> None:
+    """_hot_loop, waiting for more jobs while the enqueuer is at work; puts (when, jobs) of
+    each claim on `out`."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(HOT_PATH, (name, [], [], CLAIM_BATCH, "warm-up"), prepare=True).fetchall()
+        go.wait()
+        claims: list[tuple[float, int]] = []
+        ids: list[int] = []
+        tokens: list[object] = []
+        while True:
+            last = enqueued.is_set()  # before the call: then an empty answer means drained
+            rows = conn.execute(
+                HOT_PATH, (name, ids, tokens, CLAIM_BATCH, "default"), prepare=True
+            ).fetchall()
+            ids, tokens = [job_id for job_id, _ in rows], [token for _, token in rows]
+            if rows:
+                claims.append((time.perf_counter(), len(rows)))
+                with claimed.get_lock():
+                    claimed.value += len(rows)
+            elif last:
+                break
+            else:
+                time.sleep(0.001)
+        out.put(claims)
+
+
+def churn(stack: Stack, jobs: int, segment: int, backlog: int) -> dict[str, float]:
+    """`jobs` jobs through the table as in production: one process enqueues in batches,
+    topping the queue up to about `backlog` jobs, while CHURN_CLAIMERS processes drain with
+    complete_and_claim(100). No vacuum but autovacuum's, at its defaults and the table's
+    own settings. The claim rate of each `segment` jobs in turn, and the last's over the
+    first's: does the table slow down as dead rows pile up?"""
+    reset(stack, queued=backlog)
+    ctx = multiprocessing.get_context("fork")
+    go, enqueued, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    claimed = ctx.Value("q", 0)
+    dsn = stack.dsn()
+    procs = [
+        ctx.Process(target=_churn_enqueuer, args=(dsn, jobs, backlog, go, enqueued, claimed)),
+        *(
+            ctx.Process(target=_churn_claimer, args=(dsn, f"churn-{i}", go, enqueued, claimed, out))
+            for i in range(CHURN_CLAIMERS)
+        ),
+    ]
+    autovacuums_before = _jobs_table(stack)[0]
+    for proc in procs:
+        proc.start()
+    time.sleep(0.5)  # connected and warmed up
+    started = time.perf_counter()
+    go.set()
+    claims = sorted(c for result in _results(out, procs[1:], timeout=1800) for c in result)
+    for proc in procs:
+        proc.join()
+    _check_all_done(stack, jobs)
+    # when the claims reached each multiple of `segment`
+    ends, total = [], 0
+    for at, count in claims:
+        total += count
+        while total >= segment * (len(ends) + 1):
+            ends.append(at)
+    rates = [segment / (end - begin) for begin, end in zip([started, *ends], ends, strict=False)]
+    figures = {f"segment_{n:02d}_jobs_per_s": rate for n, rate in enumerate(rates, 1)}
+    figures["overall_jobs_per_s"] = jobs / (claims[-1][0] - started)
+    figures["last_vs_first"] = rates[-1] / rates[0]
+    autovacuums, dead_rows, size = _jobs_table(stack)
+    figures["autovacuums"] = autovacuums - autovacuums_before
+    figures["dead_rows_at_end"] = dead_rows
+    figures["jobs_table_mb_at_end"] = size / 2**20
+    return figures
+
+
+def _jobs_table(stack: Stack) -> tuple[int, int, int]:
+    """The jobs table's autovacuum runs so far, its dead rows, and its size with its indexes
+    (bytes)."""
+    with stack.cluster.connect() as conn:
+        return conn.execute(
+            "select autovacuum_count, n_dead_tup, pg_total_relation_size(relid) "
+            "from pg_stat_user_tables where relid = %s::regclass",
+            (f"{S}.jobs",),
+        ).fetchone()
+
+
 def finished_rows(stack: Stack, jobs: int, finished: int, repeats: int) -> dict[str, list[float]]:
-    """claim(100)+complete_many jobs/s (one process) on an empty table, then with `finished`
-    done jobs kept in it (vacuumed and analyzed, as autovacuum leaves a table at rest); and
-    the claim() calls' own cost per row, which is what the table's size could slow down."""
-    empty, empty_claim = [], []
+    """complete_and_claim(100) jobs/s (one process) with an empty history, then with `finished`
+    finished jobs kept: a tenth as dead letters in pgqueue.job_history, the rest done in
+    pgqueue.done_batches, vacuumed and analyzed as autovacuum leaves tables at rest. Also the
+    calls' own cost per job, which the history's size could slow down."""
+    empty, empty_call = [], []
     for _ in range(repeats):
         reset(stack, queued=jobs)
-        rate, claim_us = _run_claimers(stack, jobs, 1)
+        rate, call_us = run_claimers(stack.dsn(), jobs, 1, _hot_loop)
         empty.append(rate)
-        empty_claim.append(claim_us)
-    full, full_claim = [], []
+        empty_call.append(call_us)
+    full, full_call = [], []
     reset(stack)
     with stack.cluster.connect(autocommit=True) as conn:
+        # ids from the jobs' own sequence, as the finished jobs would have had
+        # a tenth as dead letters in the history, the rest done, by batches of 100
+        dead = finished // 10
         conn.execute(
-            f"insert into {S}.jobs (kind, payload, status, attempts, created_at, run_after, "
-            f"finished_at) select 'noop', jsonb_build_object('n', n), 'done', 1, "
-            f"now() - interval '1 hour', now() - interval '1 hour', now() - interval '1 hour' "
-            f"from generate_series(1, %s) as n",
-            (finished,),
+            f"insert into {S}.job_history (id, queue, kind, status, priority, attempts, "
+            f"max_attempts, payload, last_error, created_at, finished_at) "
+            f"select nextval('{S}.jobs_id_seq'), 'default', 'noop', 'failed', 0, 5, 5, "
+            f"jsonb_build_object('n', n), 'boom', now() - interval '2 hours', "
+            f"now() - interval '1 hour' from generate_series(1, %s) as n",
+            (dead,),
+        )
+        conn.execute(
+            f"insert into {S}.done_batches (queue, kind, finished_at, ids, attempts, created_at,"
+            f" id_range) "
+            f"select 'default', 'noop', now() - interval '1 hour', b.ids,"
+            f" array_fill(1, array[cardinality(b.ids)]),"
+            f" array_fill(now() - interval '2 hours', array[cardinality(b.ids)]),"
+            f" int8range(b.ids[1], b.ids[cardinality(b.ids)], '[]') "
+            f"from (select array_agg(nextval('{S}.jobs_id_seq') order by n) as ids"
+            f" from generate_series(0, %s - 1) as n group by n / 100) as b",
+            (finished - dead,),
         )
     for _ in range(repeats):
         with stack.cluster.connect(autocommit=True) as conn:
-            # the previous repeat's jobs are finished rows now too
+            # the previous repeat's jobs are in the history now too
             conn.execute(
                 f"insert into {S}.jobs (kind, payload) "
                 f"select 'noop', jsonb_build_object('n', n) from generate_series(1, %s) as n",
                 (jobs,),
             )
-            conn.execute(f"vacuum analyze {S}.jobs")
+            conn.execute(f"vacuum analyze {S}.jobs, {S}.job_history, {S}.done_batches")
         wait_idle_autovacuum(stack)
-        rate, claim_us = _run_claimers(stack, jobs, 1)
+        rate, call_us = run_claimers(stack.dsn(), jobs, 1, _hot_loop)
         full.append(rate)
-        full_claim.append(claim_us)
+        full_call.append(call_us)
     return {
         "empty_jobs_per_s": empty,
         "full_jobs_per_s": full,
         "full_vs_empty": [statistics.median(full) / statistics.median(empty)],
-        "empty_claim_us_per_row": empty_claim,
-        "full_claim_us_per_row": full_claim,
-        "claim_cost_full_vs_empty": [
-            statistics.median(full_claim) / statistics.median(empty_claim)
-        ],
+        "empty_call_us_per_job": empty_call,
+        "full_call_us_per_job": full_call,
+        "call_cost_full_vs_empty": [statistics.median(full_call) / statistics.median(empty_call)],
     }
 
 

@@ -4,12 +4,33 @@ from __future__ import annotations
 
 import json
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-PEERS = ("pgqueuer", "procrastinate")
-# Which of a peer's figures a figure of ours is compared with (same kind of work).
+PEERS = ("pgqueuer", "procrastinate", "pgmq")
+# Which of pgqueuer's and procrastinate's figures a figure of ours is compared with (same kind
+# of work).
 COMPARE_WITH = {"jobs_per_s": "drain_jobs_per_s", "enqueue_jobs_per_s": "enqueue_jobs_per_s"}
+
+
+def is_peer(scenario: str) -> bool:
+    return scenario in PEERS or scenario.startswith("pgmq_")
+
+
+def peer_figure(peer: str, scenario: str, figure: str) -> tuple[str, str] | None:
+    """(scenario, figure) of `peer` that `figure` of our `scenario` is compared with, if any.
+    pgmq has a scenario per process count: a drain is compared with pgmq's read + delete at
+    the same number of processes, enqueue_many with send_batch."""
+    kind = "enqueue_jobs_per_s" if scenario == "enqueue_many" else figure
+    if peer != "pgmq":
+        return (peer, COMPARE_WITH[kind]) if kind in COMPARE_WITH else None
+    if kind == "enqueue_jobs_per_s":
+        return ("pgmq_send_batch", "jobs_per_s")
+    for processes in ("1proc", "4proc"):
+        if figure == "jobs_per_s" and scenario.endswith(f"_{processes}"):
+            return (f"pgmq_read_delete_{processes}", "jobs_per_s")
+    return None
 
 
 def unit_of(figure: str) -> str:
@@ -19,6 +40,9 @@ def unit_of(figure: str) -> str:
         ("jobs_per_s", "jobs/s"),
         ("_ms", "ms"),
         ("samples", "jobs"),
+        ("autovacuums", "runs"),
+        ("_rows", "rows"),
+        ("_mb", "MiB"),
     )
     for marker, unit in markers:
         if marker in figure:
@@ -43,16 +67,87 @@ def summarize(raw: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
             if values
         }
     for scenario, figures in out.items():
-        if scenario in PEERS:
+        if is_peer(scenario):
             continue
         for figure, summary in figures.items():
-            kind = "enqueue_jobs_per_s" if scenario == "enqueue_many" else figure
-            peer_figure = COMPARE_WITH.get(kind)
             for peer in PEERS:
-                peer_summary = out.get(peer, {}).get(peer_figure or "")
+                theirs = peer_figure(peer, scenario, figure)
+                peer_summary = out.get(theirs[0], {}).get(theirs[1]) if theirs else None
                 if peer_summary and peer_summary["median"]:
                     summary[f"vs_{peer}"] = round(summary["median"] / peer_summary["median"], 2)
     return out
+
+
+@dataclass(frozen=True)
+class RatioTarget:
+    """`figure` of `scenario` over the same figure of `over` (or, without `over`, the figure
+    itself, a ratio measured within the scenario) is at least `minimum`."""
+
+    scenario: str
+    figure: str
+    minimum: float
+    over: str | None = None
+
+
+# Issue 16's targets, each a ratio measured in the same run.
+RATIO_TARGETS = (
+    # the SQL API's hot path against pgmq's read + delete
+    RatioTarget("sql_hot_1proc", "jobs_per_s", 1.5, "pgmq_read_delete_1proc"),
+    RatioTarget("sql_hot_4proc", "jobs_per_s", 1.5, "pgmq_read_delete_4proc"),
+    # the generated worker, handler path and all, against pgmq's raw SQL
+    RatioTarget("worker_postgres_1proc", "jobs_per_s", 1.2, "pgmq_read_delete_1proc"),
+    RatioTarget("worker_postgres_4proc", "jobs_per_s", 1.2, "pgmq_read_delete_4proc"),
+    RatioTarget("enqueue_many", "jobs_per_s", 1.5, "pgmq_send_batch"),
+    # over the Data API (an HTTP request per call)
+    RatioTarget("worker_supabase_1proc", "jobs_per_s", 0.6, "pgmq_read_delete_1proc"),
+    RatioTarget("worker_supabase_4proc", "jobs_per_s", 0.6, "pgmq_read_delete_4proc"),
+    # after 500,000 jobs through the table, at least 70% of the starting claim rate
+    RatioTarget("churn", "last_vs_first", 0.7),
+    # with 1,000,000 jobs in the history, claims within 10% of an empty one
+    RatioTarget("finished_rows", "full_vs_empty", 0.9),
+)
+
+
+def ratio_targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each target whose scenarios were measured: the ratio of the medians, the worst run's
+    (run n of one scenario over run n of the other), and whether the median ratio meets it."""
+    rows = []
+    for target in RATIO_TARGETS:
+        ours = summary.get(target.scenario, {}).get(target.figure)
+        theirs = summary.get(target.over, {}).get(target.figure) if target.over else None
+        if ours is None or (target.over and not theirs):
+            continue
+        if theirs:
+            ratio = ours["median"] / theirs["median"]
+            runs = [a / b for a, b in zip(ours["values"], theirs["values"], strict=False)]
+        else:
+            ratio, runs = ours["median"], ours["values"]
+        rows.append(
+            {
+                "scenario": target.scenario,
+                "figure": target.figure,
+                "over": target.over,
+                "minimum": target.minimum,
+                "ratio": round(ratio, 3),
+                "worst_ratio": round(min(runs), 3),
+                "met": ratio >= target.minimum,
+            }
+        )
+    return rows
+
+
+def ratio_targets_table(rows: list[dict[str, Any]]) -> str:
+    lines = []
+    for row in rows:
+        what = f"{row['scenario']} {row['figure']}"
+        if row["over"]:
+            what += f" / {row['over']}"
+        verdict = "met" if row["met"] else "NOT met"
+        lines.append(
+            f"target {what}: {row['ratio']:.2f}x (worst run {row['worst_ratio']:.2f}x) "
+            f">= {row['minimum']}x: {verdict}"
+        )
+    return "\n".join(lines)
 
 
 def _number(value: float | None) -> str:
@@ -97,8 +192,10 @@ def table(summary: dict[str, Any]) -> str:
 
 def markdown_table(summary: dict[str, Any]) -> str:
     """The same table in Markdown, for docs/performance.md."""
-    head = "| scenario | figure | unit | median | min | max | x pgqueuer | x procrastinate |"
-    lines = [head, "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    head = "| scenario | figure | unit | median | min | max | " + " | ".join(
+        f"x {peer}" for peer in PEERS
+    )
+    lines = [head + " |", "| --- | --- | --- | ---: | ---: | ---: |" + " ---: |" * len(PEERS)]
     for scenario, figures in summary.items():
         for figure, s in figures.items():
             ratios = [s.get(f"vs_{peer}") for peer in PEERS]

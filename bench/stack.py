@@ -17,7 +17,7 @@ from testkit.cluster import PG_BIN, Cluster
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = "pgqueue"
-PEER_DATABASES = ("pgqueuer", "procrastinate")
+PEER_DATABASES = ("pgqueuer", "procrastinate", "pgmq")
 
 # Durable commits, as production runs: every commit waits for its WAL to reach the disk.
 DURABLE_SETTINGS = {

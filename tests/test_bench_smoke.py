@@ -15,9 +15,25 @@ SCENARIOS = {
     "enqueue_many": {"jobs_per_s"},
     "sql_claim_1proc": {"jobs_per_s"},
     "sql_claim_4proc": {"jobs_per_s"},
+    "sql_hot_1proc": {"jobs_per_s"},
+    "sql_hot_4proc": {"jobs_per_s"},
+    # 3,000 jobs in segments of 500 on the smoke run
+    "churn": {
+        *(f"segment_{n:02d}_jobs_per_s" for n in range(1, 7)),
+        "overall_jobs_per_s",
+        "last_vs_first",
+    },
     "notify_latency": {"p50_ms", "p95_ms", "p99_ms"},
     "pgqueuer": {"enqueue_jobs_per_s", "drain_jobs_per_s"},
     "procrastinate": {"enqueue_jobs_per_s", "drain_jobs_per_s"},
+    # (each pgmq drain fails the run if it leaves a message in the queue, or, for archive,
+    # one out of the archive)
+    "pgmq_send_batch": {"jobs_per_s"},
+    **{
+        f"pgmq_read_{finish}_{processes}proc": {"jobs_per_s"}
+        for finish in ("delete", "archive")
+        for processes in (1, 4)
+    },
     "finished_rows": {"empty_jobs_per_s", "full_jobs_per_s", "full_vs_empty"},
     # the generated project's own worker, through its handler registry
     "worker_postgres_1proc": {"jobs_per_s", "cpu_us_per_job"},
@@ -58,9 +74,33 @@ def test_bench_runs_every_scenario_on_a_tiny_size(tmp_path: Path) -> None:
             # (a notification may arrive before the sender's commit returns: that offset may
             # be negative; the listed figures may not)
             assert figure not in figures or values[0] > 0, f"{scenario}.{figure}: {summary}"
-    # Every throughput figure of ours is compared with both peers.
-    for scenario in ("sql_claim_1proc", "worker_postgres_4proc", "worker_supabase_1proc"):
-        assert {"vs_pgqueuer", "vs_procrastinate"} <= set(scenarios[scenario]["jobs_per_s"])
+    # Every throughput figure of ours is compared with each peer; with pgmq, at the same
+    # number of processes.
+    for scenario in (
+        "sql_claim_1proc",
+        "sql_hot_4proc",
+        "worker_postgres_4proc",
+        "worker_supabase_1proc",
+    ):
+        ours = scenarios[scenario]["jobs_per_s"]
+        assert {"vs_pgqueuer", "vs_procrastinate", "vs_pgmq"} <= set(ours), scenario
+        pgmq = scenarios[f"pgmq_read_delete_{scenario[-5:]}"]["jobs_per_s"]
+        assert ours["vs_pgmq"] == round(ours["median"] / pgmq["median"], 2), scenario
+    enqueue = scenarios["enqueue_many"]["jobs_per_s"]
+    pgmq = scenarios["pgmq_send_batch"]["jobs_per_s"]
+    assert enqueue["vs_pgmq"] == round(enqueue["median"] / pgmq["median"], 2)
+    # The churn curve: its segments, and the last over the first.
+    churn = scenarios["churn"]
+    segments = [figure for figure in churn if figure.startswith("segment_")]
+    assert len(segments) == result["sizes"]["churn_jobs"] // result["sizes"]["churn_segment"]
+    last_vs_first = churn[segments[-1]]["median"] / churn[segments[0]]["median"]
+    assert math.isclose(churn["last_vs_first"]["median"], last_vs_first, rel_tol=0.01)
+    # Each of issue 16's ratio targets is checked against what was measured, and printed.
+    assert len(result["ratio_targets"]) == 9, result["ratio_targets"]
+    for row in result["ratio_targets"]:
+        assert row["ratio"] > 0 and row["worst_ratio"] > 0, row
+        assert row["met"] == (row["ratio"] >= row["minimum"]), row
+        assert f"target {row['scenario']} {row['figure']}" in printed
     # Each wake-up target is checked against what was measured, and printed.
     checked = {(row["scenario"], row["shape"]) for row in result["targets"]}
     assert len(checked) == 9, result["targets"]

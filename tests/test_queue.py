@@ -319,9 +319,16 @@ def test_sweeper_prunes_finished_jobs_past_retention_but_keeps_dead_letters_long
     for i in ids[:3]:
         db.execute("select pgqueue.complete(%s, %s)", (i, claimed[i]))
     db.execute("select pgqueue.fail(%s, %s, 'x', retryable => false)", (ids[3], claimed[ids[3]]))
+    # each complete() wrote a batch of one; the first two and the dead letter finished long ago
+    old = [ids[0], ids[1], ids[3]]
+    db.execute(
+        "update pgqueue.done_batches set finished_at = now() - interval '8 days'"
+        " where ids <@ %s::bigint[]",
+        (old,),
+    )
     db.execute(
         "update pgqueue.job_history set finished_at = now() - interval '8 days' where id = any(%s)",
-        ([ids[0], ids[1], ids[3]],),
+        (old,),
     )
     assert db.execute("select pruned from pgqueue.sweep()").fetchone() == (2,)
     remaining = [r[0] for r in db.execute("select id from pgqueue.all_jobs order by id")]
@@ -481,10 +488,13 @@ def test_finished_jobs_leave_the_job_table_for_the_history(db: psycopg.Connectio
         "select id, status, payload, last_error from pgqueue.job_history order by id"
     ).fetchall()
     assert history == [
-        (done, "done", None, None),
         (dead, "failed", {"n": 1}, "no"),
         (cancelled, "cancelled", {"n": 2}, None),
-    ], "done jobs keep no payload; dead letters and cancelled jobs keep theirs for retry()"
+    ], "dead letters and cancelled jobs keep their payload, for retry()"
+    assert db.execute("select ids, attempts, kind from pgqueue.done_batches").fetchall() == [
+        ([done], [1], "test.noop")
+    ], "a done job without a key keeps its id, attempts and times, by batch"
+    assert job(db, done)["status"] == "done" and job(db, done)["payload"] is None
     assert [r[0] for r in db.execute("select id from pgqueue.dead_letters")] == [dead]
     assert db.execute("select pgqueue.retry(%s)", (dead,)).fetchone() == (True,)
     assert job(db, dead)["status"] == "queued" and job(db, dead)["payload"] == {"n": 1}

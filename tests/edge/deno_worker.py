@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import subprocess
@@ -14,6 +15,8 @@ from pathlib import Path
 from testkit.postgrest import PostgRESTStandIn, make_jwt
 
 FUNCTION = "job-worker"
+# Preloaded to give the function the Edge runtime's EdgeRuntime.waitUntil().
+EDGE_RUNTIME = Path(__file__).with_name("edge_runtime.ts")
 # Settings the worker reads; the outer environment must not leak into the function's.
 WORKER_ENV_PREFIXES = ("SUPABASE_", "PGQUEUE_", "DENO_SERVE_ADDRESS")
 
@@ -59,15 +62,39 @@ class EdgeWorker:
     url: str
     key: str
     lines: list[str] = field(default_factory=list)
+    reader: threading.Thread | None = None
 
     def output(self) -> str:
         return "\n".join(self.lines)
 
+    def events(self) -> list[dict]:
+        """The JSON lines it has logged."""
+        return [json.loads(line) for line in self.lines if line.startswith("{")]
+
+    def wait_for_exit(self, timeout: float = 20) -> int:
+        """Wait for the process to end by itself and its output to be read; its exit code."""
+        try:
+            code = self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the function did not end:\n{self.output()}") from None
+        if self.reader is not None:
+            self.reader.join(timeout=5)
+        return code
+
 
 def start_edge_worker(
-    deno: Deno, function_dir: Path, api: PostgRESTStandIn, **settings: str
+    deno: Deno,
+    function_dir: Path,
+    api: PostgRESTStandIn,
+    *,
+    edge_runtime: bool = False,
+    **settings: str,
 ) -> EdgeWorker:
-    """Start index.ts with the environment the Edge runtime gives it, pointed at `api`."""
+    """Start index.ts with the environment the Edge runtime gives it, pointed at `api`.
+
+    With `edge_runtime`, EdgeRuntime.waitUntil() is there too (edge_runtime.ts), and the
+    process ends, as the platform may end the function, once the work handed to it settles.
+    Without it, the work simply goes on, and so does the process."""
     key = make_jwt("service_role")
     env = deno.env(
         SUPABASE_URL=api.url,
@@ -77,7 +104,14 @@ def start_edge_worker(
         **settings,
     )
     process = subprocess.Popen(
-        [deno.binary, "run", "--allow-net=127.0.0.1", "--allow-env", "index.ts"],
+        [
+            deno.binary,
+            "run",
+            "--allow-net=127.0.0.1",
+            "--allow-env",
+            *(["--preload", str(EDGE_RUNTIME)] if edge_runtime else []),
+            "index.ts",
+        ],
         cwd=function_dir,
         env=env,
         stdout=subprocess.PIPE,
@@ -94,7 +128,8 @@ def start_edge_worker(
             if line.startswith("Listening on "):
                 listening.put(line.split()[-1])
 
-    threading.Thread(target=read, name="deno output", daemon=True).start()
+    worker.reader = threading.Thread(target=read, name="deno output", daemon=True)
+    worker.reader.start()
     deadline = time.monotonic() + 120  # the first run downloads the npm packages
     while not worker.url:
         try:

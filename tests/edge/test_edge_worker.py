@@ -1,6 +1,8 @@
 """End to end: jobs INSERTed into the queue wake the Edge Function through pg_net; the
 function (its own index.ts under `deno run`) claims them with supabase-js through the
-PostgREST stand-in, runs the handlers and completes or fails each job."""
+PostgREST stand-in, runs the handlers and completes or fails each job: a job that ran to the
+end is completed by the call that claims the next batch, and the last ones before the
+function's work is over."""
 
 from __future__ import annotations
 
@@ -43,14 +45,13 @@ def insert_jobs(db: psycopg.Connection, *jobs: dict) -> list[int]:
 def wait_for_jobs(
     db: psycopg.Connection, condition: str, worker: EdgeWorker, timeout: float = 30
 ) -> list[tuple]:
-    """Poll until every job matches `condition` (SQL on pgqueue.jobs); return the jobs."""
+    """Poll until every job matches `condition` (SQL on pgqueue.all_jobs); return the jobs."""
     deadline = time.monotonic() + timeout
     while True:
         pending = db.execute(f"select count(*) from pgqueue.all_jobs where not ({condition})")
         if pending.fetchone()[0] == 0:
             return db.execute(
-                "select id, kind, status, attempts, last_error, locked_by"
-                " from pgqueue.all_jobs order by id"
+                "select id, kind, status, attempts, last_error from pgqueue.all_jobs order by id"
             ).fetchall()
         if time.monotonic() > deadline:
             jobs = db.execute("select * from pgqueue.all_jobs order by id").fetchall()
@@ -72,6 +73,7 @@ def test_inserted_jobs_wake_the_function_and_all_end_done(
     db: psycopg.Connection, edge_worker: EdgeWorker, receiver: HttpSink
 ) -> None:
     point_wakeups_at(db, edge_worker)
+    logged_before = len(edge_worker.lines)
     emails = [
         {"kind": "send_email", "payload": {"to": f"u{i}@example.com", "subject": "Hi", "text": "."}}
         for i in range(25)
@@ -85,8 +87,10 @@ def test_inserted_jobs_wake_the_function_and_all_end_done(
     jobs = wait_for_jobs(db, "status = 'done'", edge_worker)
 
     assert [j[0] for j in jobs] == ids
-    assert all(attempts == 1 and error is None for _, _, _, attempts, error, _ in jobs)
-    assert all(locked_by.startswith("job-worker:") for *_, locked_by in jobs)
+    assert all(attempts == 1 and error is None for *_, attempts, error in jobs)
+    # The function ran each of them (a finished job keeps no locked_by: its log says so).
+    events = [json.loads(line) for line in edge_worker.lines[logged_before:] if line[:1] == "{"]
+    assert sorted(e["id"] for e in events if e["event"] == "job.done") == ids
     # One statement, one wake-up, answered at once with 202.
     wait_for_pg_net(db)
     assert wake_responses(db) == [202]
@@ -176,6 +180,54 @@ def test_a_wrong_bearer_gets_403_and_claims_nothing(
     wait_for_jobs(db, "status = 'done'", edge_worker)
 
 
+def test_a_job_is_completed_by_the_call_that_claims_the_next_one(
+    db: psycopg.Connection,
+    deno: Deno,
+    function_dir: Path,
+    postgrest: PostgRESTStandIn,
+) -> None:
+    # One job per claim; the second takes a while at a slow receiver, so it is still running
+    # when the test looks. Under the Edge runtime's waitUntil, the function ends as soon as
+    # its work is over.
+    worker = start_edge_worker(
+        deno,
+        function_dir,
+        postgrest,
+        edge_runtime=True,
+        PGQUEUE_BATCH_SIZE="1",
+        PGQUEUE_LINGER_MS="0",
+    )
+    try:
+        with SlowReceiver(delay=1.0) as slow:
+            point_wakeups_at(db, worker)
+            first, second = insert_jobs(
+                db,
+                {"kind": "send_email", "payload": {"to": "a@b.co", "subject": "Hi", "text": ""}},
+                {"kind": "send_webhook", "payload": {"url": slow.url}},
+            )
+            wait_for_jobs(db, f"id <> {second} or status = 'running'", worker)
+            # The first job's done_batches row and the second job's claim were written by one
+            # transaction: the call that completed the one claimed the other.
+            same = db.execute(
+                "select b.xmin = j.xmin, b.finished_at = j.locked_at"
+                " from pgqueue.done_batches as b, pgqueue.jobs as j"
+                " where %s = any (b.ids) and j.id = %s",
+                (first, second),
+            ).fetchone()
+            assert same == (True, True)
+            assert worker.wait_for_exit() == 0
+    finally:
+        stop_edge_worker(worker)
+
+    # The second job had no next job to ride along with: the claim that found the queue empty
+    # completed it, before the function's work was over and the runtime ended it.
+    statuses = db.execute("select id, status from pgqueue.all_jobs order by id").fetchall()
+    assert statuses == [(first, "done"), (second, "done")]
+    [summary] = [e for e in worker.events() if e["event"] == "drain.end"]
+    assert (summary["claimed"], summary["completed"], summary["stoppedBy"]) == (2, 2, "empty")
+    assert worker.events()[-1]["event"] == "edge_runtime.shutdown"
+
+
 def test_the_function_stops_claiming_when_its_time_budget_runs_out(
     db: psycopg.Connection,
     deno: Deno,
@@ -183,11 +235,13 @@ def test_the_function_stops_claiming_when_its_time_budget_runs_out(
     postgrest: PostgRESTStandIn,
 ) -> None:
     # One job per claim, each taking ~0.4 s at a slow receiver, and a 1 s budget: the
-    # function stops after a few batches and leaves the rest for the next wake-up.
+    # function stops after a few batches and leaves the rest for the next wake-up. Under the
+    # Edge runtime's waitUntil, it ends as soon as its work is over.
     worker = start_edge_worker(
         deno,
         function_dir,
         postgrest,
+        edge_runtime=True,
         PGQUEUE_BATCH_SIZE="1",
         PGQUEUE_TIME_BUDGET_SECONDS="1",
     )
@@ -197,14 +251,11 @@ def test_the_function_stops_claiming_when_its_time_budget_runs_out(
             insert_jobs(
                 db, *[{"kind": "send_webhook", "payload": {"url": slow.url}} for _ in range(10)]
             )
-            deadline = time.monotonic() + 20
-            while not any('"event":"drain.end"' in line for line in worker.lines):
-                assert time.monotonic() < deadline, worker.output()
-                time.sleep(0.05)
+            assert worker.wait_for_exit() == 0
     finally:
         stop_edge_worker(worker)
 
-    summary = json.loads(next(line for line in worker.lines if '"event":"drain.end"' in line))
+    [summary] = [e for e in worker.events() if e["event"] == "drain.end"]
     assert summary["stoppedBy"] == "time budget"
     assert 1 <= summary["completed"] <= 3
     assert summary["elapsedMs"] < 2000
@@ -215,5 +266,7 @@ def test_the_function_stops_claiming_when_its_time_budget_runs_out(
         " < (select max(finished_at) from pgqueue.all_jobs)"
     ).fetchone()[0]
     assert answered_early is True
+    # No job is left running: the last batch, which no claim followed, was completed on its
+    # own before the function's work was over.
     counts = dict(db.execute("select status, count(*) from pgqueue.all_jobs group by 1").fetchall())
     assert counts == {"done": summary["completed"], "queued": 10 - summary["completed"]}

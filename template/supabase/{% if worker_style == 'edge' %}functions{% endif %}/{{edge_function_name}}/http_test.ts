@@ -88,7 +88,7 @@ Deno.test("a wrong or missing key is refused with 403 and claims nothing", async
     assert.match((await response.json()).error, /Bearer <service key>/);
   }
   assert.equal(pending.length, 0);
-  assert.equal(queue.claims.length, 0);
+  assert.equal(queue.calls.length, 0);
 });
 
 Deno.test("only POST wakes the worker", async () => {

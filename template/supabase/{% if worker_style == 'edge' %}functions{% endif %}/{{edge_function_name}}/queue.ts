@@ -4,7 +4,7 @@
 import { createClient } from "@supabase/supabase-js";
 import type { Settings } from "./settings.ts";
 
-/** A claimed row of the jobs table (the columns the worker uses). */
+/** A claimed job: the row complete_and_claim() returns, and the queue it was claimed from. */
 export interface ClaimedJob {
   id: number;
   queue: string;
@@ -18,10 +18,13 @@ export interface ClaimedJob {
   locked_until: string;
 }
 
-export interface ClaimOptions {
+export interface CompleteAndClaimOptions {
   worker: string;
+  /** Jobs that ran to the end: each is marked done, unless its lease went to another worker. */
+  done: readonly ClaimedJob[];
   queue: string;
   kinds: string[];
+  /** How many jobs to claim; 0 only completes `done`. */
   maxJobs: number;
   /** Omitted: the lease configured in the database. */
   leaseSeconds?: number;
@@ -31,9 +34,11 @@ export interface ClaimOptions {
 export type FailOutcome = "queued" | "failed" | null;
 
 export interface Queue {
-  claim(options: ClaimOptions): Promise<ClaimedJob[]>;
-  /** Marks the jobs done; returns the ids that were (a stale token's job is left out). */
-  completeMany(jobs: readonly ClaimedJob[]): Promise<number[]>;
+  /**
+   * Completes the jobs `done` and claims the next batch, in one call and one transaction.
+   * A job whose lock token is stale (its lease was lost) is left to its new owner.
+   */
+  completeAndClaim(options: CompleteAndClaimOptions): Promise<ClaimedJob[]>;
   fail(
     job: ClaimedJob,
     error: string,
@@ -69,20 +74,19 @@ export function supabaseQueue(settings: Settings): Queue {
   }
 
   return {
-    claim: ({ worker, queue, kinds, maxJobs, leaseSeconds }) =>
-      call<ClaimedJob[]>("claim", {
+    completeAndClaim: async ({ worker, done, queue, kinds, maxJobs, leaseSeconds }) => {
+      const rows = await call<Omit<ClaimedJob, "queue">[]>("complete_and_claim", {
         worker,
-        queue,
-        kinds,
+        done_ids: done.map((job) => job.id),
+        done_tokens: done.map((job) => job.lock_token),
         max_jobs: maxJobs,
+        kinds,
+        queue,
         ...(leaseSeconds === undefined ? {} : { lease_seconds: leaseSeconds }),
-      }),
+      });
+      return rows.map((row) => ({ ...row, queue }));
+    },
     checkin: (worker, queue, kinds) => call<void>("checkin", { worker, queue, kinds }),
-    completeMany: (jobs) =>
-      call<number[]>("complete_many", {
-        job_ids: jobs.map((job) => job.id),
-        lock_tokens: jobs.map((job) => job.lock_token),
-      }),
     fail: (job, error, retryable) =>
       call<FailOutcome>("fail", {
         job_id: job.id,

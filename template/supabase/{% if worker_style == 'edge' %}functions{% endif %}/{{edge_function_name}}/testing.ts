@@ -1,19 +1,26 @@
 // Test helpers (used by the *_test.ts files only): an in-memory queue that follows the SQL
 // functions' rules for claims, leases, lock tokens and attempts, and a clock that tests move.
-import type { ClaimedJob, ClaimOptions, FailOutcome, Queue } from "./queue.ts";
+import type { ClaimedJob, CompleteAndClaimOptions, FailOutcome, Queue } from "./queue.ts";
 
 export interface StoredJob extends ClaimedJob {
   status: "queued" | "running" | "done" | "failed";
   lastError: string | null;
+  /** When it may be claimed (Date.now() milliseconds). */
+  runAfter: number;
 }
+
+/** A call of completeAndClaim(), with the ids of the jobs it completed. */
+export type Call = Omit<CompleteAndClaimOptions, "done"> & { done: number[] };
 
 export class MemoryQueue implements Queue {
   jobs: StoredJob[] = [];
-  claims: ClaimOptions[] = [];
+  calls: Call[] = [];
   /** The lease configured in the database: what a claim without a lease gets. */
   leaseSeconds = 300;
-  /** Called before each claim, e.g. to move a fake clock on or to throw. */
-  beforeClaim: (options: ClaimOptions) => void = () => {};
+  /** How long a retried job waits; the database's backoff is at least 2.5 s. */
+  backoffMs = 2500;
+  /** Called before each call, e.g. to move a fake clock on or to throw. */
+  beforeCall: (call: Call) => void = () => {};
 
   add(kind: string, payload: unknown = {}, options: { queue?: string; maxAttempts?: number } = {}) {
     const job: StoredJob = {
@@ -28,6 +35,7 @@ export class MemoryQueue implements Queue {
       locked_until: "",
       status: "queued",
       lastError: null,
+      runAfter: 0,
     };
     this.jobs.push(job);
     return job;
@@ -37,12 +45,21 @@ export class MemoryQueue implements Queue {
     return this.jobs.filter((job) => job.status === status).map((job) => job.id);
   }
 
-  claim(options: ClaimOptions): Promise<ClaimedJob[]> {
-    this.claims.push(options);
-    this.beforeClaim(options);
+  /** The calls that claimed (max_jobs above 0), whether or not they found jobs. */
+  get claims(): Call[] {
+    return this.calls.filter((call) => call.maxJobs > 0);
+  }
+
+  completeAndClaim(options: CompleteAndClaimOptions): Promise<ClaimedJob[]> {
+    const call = { ...options, done: options.done.map((job) => job.id) };
+    this.calls.push(call);
+    this.beforeCall(call);
+    // One transaction: a stale token's job is left alone, then the next batch is claimed.
+    const done = options.done.map((job) => this.holder(job)).filter((job) => job !== undefined);
+    for (const job of done) job.status = "done";
     const claimed = this.jobs
       .filter((job) =>
-        job.status === "queued" && job.queue === options.queue &&
+        job.status === "queued" && job.runAfter <= Date.now() && job.queue === options.queue &&
         options.kinds.includes(job.kind)
       )
       .slice(0, options.maxJobs);
@@ -58,12 +75,6 @@ export class MemoryQueue implements Queue {
     return Promise.resolve(claimed.map((job) => ({ ...job })));
   }
 
-  completeMany(jobs: readonly ClaimedJob[]): Promise<number[]> {
-    const done = jobs.map((claimed) => this.holder(claimed)).filter((job) => job !== undefined);
-    for (const job of done) job.status = "done";
-    return Promise.resolve(done.map((job) => job.id));
-  }
-
   checkins: { worker: string; queue: string; kinds: string[] }[] = [];
 
   checkin(worker: string, queue: string, kinds: string[]): Promise<void> {
@@ -76,6 +87,7 @@ export class MemoryQueue implements Queue {
     if (job === undefined) return Promise.resolve(null);
     job.status = retryable && job.attempts < job.max_attempts ? "queued" : "failed";
     job.lastError = error;
+    job.runAfter = Date.now() + this.backoffMs;
     return Promise.resolve(job.status);
   }
 

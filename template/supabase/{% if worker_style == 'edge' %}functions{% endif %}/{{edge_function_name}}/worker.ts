@@ -1,7 +1,9 @@
-// Machinery: one wake-up's work. Claim a batch, run its jobs concurrently, complete or fail
-// each one, and go on until the queues are empty, then linger: claim again every few tens of
+// Machinery: one wake-up's work. Claim a batch, run its jobs concurrently, fail the ones that
+// threw, and claim the next batch in the same call that completes the ones that ran to the
+// end; go on until the queues are empty, then linger: claim again every few tens of
 // milliseconds for a while, in case more jobs come, until the window passes with nothing to
-// do or the time budget is nearly spent.
+// do or the time budget is nearly spent. Completions that no claim took along are sent on
+// their own before the drain ends.
 import type { HandlerMap, Job } from "./job.ts";
 import { PermanentError } from "./job.ts";
 import type { ClaimedJob, Queue } from "./queue.ts";
@@ -33,12 +35,17 @@ export interface DrainSummary {
   /** The wake-ups this drain served: the one that started it and those that joined it. */
   wakeUps: number;
   claimed: number;
+  /**
+   * Jobs that ran to the end and were reported done: along with the next claim, or on their
+   * own when the drain ended. (One whose lease was lost meanwhile is counted too; the
+   * database leaves it to its new owner.)
+   */
   completed: number;
   /** Failed attempts that go back to the queue after a backoff. */
   retried: number;
   /** Failed attempts that moved their job to the dead letters. */
   deadLettered: number;
-  /** Jobs whose lease was lost (rescued or cancelled) before they were reported. */
+  /** Failed jobs whose lease was lost (rescued or cancelled) before they were reported. */
   stale: number;
   /** Jobs left running because reporting them failed; the sweeper rescues them. */
   unreported: number;
@@ -108,14 +115,33 @@ export function startDrain(queues: readonly string[], options: DrainOptions): Dr
   let joined = false;
   let stopped = false;
   let interruptPause: AbortController | undefined;
+  // Jobs that ran to the end, not yet reported: the next call takes them along.
+  let finished: ClaimedJob[] = [];
 
-  function stop(reason: DrainSummary["stoppedBy"]): DrainSummary {
+  function stop(reason: DrainSummary["stoppedBy"]): void {
     stopped = true;
     summary.stoppedBy = reason;
-    return summary;
   }
 
-  async function run(): Promise<DrainSummary> {
+  /** Completes the finished jobs and claims up to `maxJobs` of `queue`, in one call. */
+  async function completeAndClaim(queue: string, maxJobs: number): Promise<ClaimedJob[]> {
+    const reporting = finished;
+    const jobs = await options.queue.completeAndClaim({
+      worker: options.workerId,
+      done: reporting,
+      queue,
+      kinds,
+      maxJobs,
+      leaseSeconds: options.leaseSeconds,
+    });
+    // Only now: if the call failed, they are still to report (again, which is harmless if
+    // the call went through after all).
+    finished = [];
+    summary.completed += reporting.length;
+    return jobs;
+  }
+
+  async function run(): Promise<void> {
     // The longest a batch has taken so far: when less time than that is left, another batch
     // might not finish inside the budget, so this wake-up stops claiming.
     let slowestBatchMs = 0;
@@ -127,8 +153,8 @@ export function startDrain(queues: readonly string[], options: DrainOptions): Dr
         active = woken;
       }
       if (active.length === 0) {
-        // Every queue came back short of a full batch: linger, polling, until the window
-        // passes with nothing found.
+        // Every queue came back empty, or short of a full batch with nothing to report: linger,
+        // polling, until the window passes with nothing found.
         drySince ??= now();
         const lingerLeft = drySince + lingerMs - now();
         if (lingerLeft <= 0) return stop("empty");
@@ -140,28 +166,41 @@ export function startDrain(queues: readonly string[], options: DrainOptions): Dr
         active = woken;
         continue;
       }
-      const stillFull: string[] = [];
+      const again: string[] = [];
       for (const queue of active) {
         if (now() + slowestBatchMs >= deadline) return stop("time budget");
         const batchStarted = now();
-        const jobs = await options.queue.claim({
-          worker: options.workerId,
-          queue,
-          kinds,
-          maxJobs: options.batchSize,
-          leaseSeconds: options.leaseSeconds,
-        });
+        const jobs = await completeAndClaim(queue, options.batchSize);
         if (jobs.length === 0) continue;
         drySince = undefined;
         summary.claimed += jobs.length;
         // Handlers are stopped before the budget ends and before their lease does, so each
         // job is reported before the sweeper could hand it to another worker.
         const stopAt = Math.min(deadline, batchStarted + shortestLeaseMs(jobs) - LEASE_MARGIN_MS);
-        await runBatch(jobs, stopAt - now(), options, log, summary);
+        const ranToTheEnd = await runBatch(jobs, stopAt - now(), options, log, summary);
+        finished.push(...ranToTheEnd);
         slowestBatchMs = Math.max(slowestBatchMs, now() - batchStarted);
-        if (jobs.length === options.batchSize) stillFull.push(queue);
+        // A full batch: more may wait. A short one with jobs to report: they go at once,
+        // with one more claim (as cheap as sending them alone), not after a linger pause.
+        if (jobs.length === options.batchSize || ranToTheEnd.length > 0) again.push(queue);
       }
-      active = stillFull;
+      active = again;
+    }
+  }
+
+  /** Sends the completions that no claim took along (the drain stopped after their batch). */
+  async function reportFinished(): Promise<void> {
+    if (finished.length === 0) return;
+    try {
+      await completeAndClaim(woken[0], 0);
+    } catch (error) {
+      summary.unreported += finished.length;
+      log({
+        event: "queue.error",
+        call: "complete_and_claim",
+        jobs: finished.map((job) => job.id),
+        error: describe(error),
+      });
     }
   }
 
@@ -175,14 +214,20 @@ export function startDrain(queues: readonly string[], options: DrainOptions): Dr
     ),
   );
 
-  const done = run().catch((error) => {
-    stop("error");
-    summary.error = describe(error);
-    return summary;
-  }).finally(async () => {
+  const done = (async () => {
+    try {
+      await run();
+    } catch (error) {
+      stop("error");
+      summary.error = describe(error);
+    }
+    // Part of the drain's work (what the Edge runtime waits for): once that settles, the
+    // function may be shut down, and completions not sent by then would be lost.
+    await reportFinished();
     await checkedIn;
     summary.elapsedMs = Math.round(now() - started);
-  });
+    return summary;
+  })();
 
   return {
     queues: woken,
@@ -207,8 +252,8 @@ function shortestLeaseMs(jobs: readonly ClaimedJob[]): number {
     const leaseMs = Date.parse(job.locked_until) - Date.parse(job.locked_at);
     if (!Number.isFinite(leaseMs)) {
       throw new Error(
-        `claim() returned job ${job.id} without locked_at and locked_until, which set its ` +
-          "time limit: claim() must return whole jobs rows, as the project's migrations have it",
+        `complete_and_claim() returned job ${job.id} without locked_at and locked_until, ` +
+          "which set its time limit: apply the project's migrations to the database",
       );
     }
     return leaseMs;
@@ -233,33 +278,19 @@ function abortableSleep(ms: number, signal: AbortSignal): Promise<void> {
 
 type Outcome = { job: ClaimedJob; error?: unknown };
 
+/** Runs the batch and reports its failures; returns the jobs that ran to the end. */
 async function runBatch(
   jobs: ClaimedJob[],
   timeLeftMs: number,
   options: DrainOptions,
   log: (event: LogEvent) => void,
   summary: DrainSummary,
-): Promise<void> {
+): Promise<ClaimedJob[]> {
   const limitMs = Math.max(Math.round(timeLeftMs), 0);
   const signal = AbortSignal.timeout(limitMs);
   const outcomes = await Promise.all(
     jobs.map((job) => runJob(job, signal, limitMs, options.handlers, log)),
   );
-
-  const done = outcomes.filter((o) => o.error === undefined).map((o) => o.job);
-  if (done.length > 0) {
-    try {
-      const completed = new Set(await options.queue.completeMany(done));
-      summary.completed += completed.size;
-      for (const job of done.filter((job) => !completed.has(job.id))) {
-        summary.stale += 1;
-        log({ event: "job.stale", ...describeJob(job) });
-      }
-    } catch (error) {
-      summary.unreported += done.length;
-      log({ event: "queue.error", call: "complete_many", error: describe(error) });
-    }
-  }
 
   // One failure at a time: each one is a single small UPDATE, and they are rare.
   for (const { job, error } of outcomes) {
@@ -280,6 +311,7 @@ async function runBatch(
       log({ event: "queue.error", call: "fail", error: describe(queueError) });
     }
   }
+  return outcomes.filter((o) => o.error === undefined).map((o) => o.job);
 }
 
 async function runJob(

@@ -48,10 +48,25 @@ Deno.test("every job runs once and is completed, a batch at a time", async () =>
   assert.equal(summary.claimed, 7);
   assert.equal(summary.completed, 7);
   assert.equal(summary.stoppedBy, "empty");
-  assert.deepEqual(queue.claims.map((claim) => claim.maxJobs), [3, 3, 3]);
   assert.deepEqual(queue.claims[0].kinds.sort(), ["boom", "ok", "refused", "slow"]);
   assert.equal(queue.claims[0].worker, "test-worker");
   assert.equal(queue.claims[0].leaseSeconds, undefined, "the database's lease applies");
+});
+
+Deno.test("each claim completes the batch before it, in the same call", async () => {
+  const queue = new MemoryQueue();
+  for (let n = 1; n <= 7; n++) queue.add("ok", { n });
+
+  const summary = await drain(["default"], options(queue));
+
+  // The short last batch is reported at once, by a claim that finds the queue empty.
+  assert.deepEqual(queue.calls.map(({ done, maxJobs }) => [done, maxJobs]), [
+    [[], 3],
+    [[1, 2, 3], 3],
+    [[4, 5, 6], 3],
+    [[7], 3],
+  ]);
+  assert.equal(summary.completed, 7);
 });
 
 Deno.test("a failing job never stops the batch, and its error is stored", async () => {
@@ -63,6 +78,7 @@ Deno.test("a failing job never stops the batch, and its error is stored", async 
   const summary = await drain(["default"], options(queue, { batchSize: 10 }));
 
   assert.deepEqual(queue.byStatus("done"), [1, 3]);
+  assert.deepEqual(queue.calls.flatMap((call) => call.done), [1, 3], "failures go to fail()");
   assert.equal(boom.status, "queued", "a plain error is retried");
   assert.match(boom.lastError ?? "", /^Error: the upstream API is down\n\s+at /);
   assert.equal(summary.retried, 1);
@@ -72,6 +88,7 @@ Deno.test("a failing job never stops the batch, and its error is stored", async 
 Deno.test("retries end in the dead letters once attempts are used up", async () => {
   const queue = new MemoryQueue();
   const boom = queue.add("boom", {}, { maxAttempts: 2 });
+  queue.backoffMs = 0; // the second wake-up finds it at once
 
   const first = await drain(["default"], options(queue));
   const second = await drain(["default"], options(queue));
@@ -99,10 +116,20 @@ Deno.test("invalid payloads and permanent errors are dead-lettered at once", asy
 Deno.test("a job whose lease was lost is left to its new owner", async () => {
   const queue = new MemoryQueue();
   const job = queue.add("ok", { n: 1 });
+  const failing = queue.add("boom");
   const events: LogEvent[] = [];
+  const newTokens: string[] = [];
+  const steal = () => {
+    // The sweeper rescued the job and another worker claimed it.
+    const token = crypto.randomUUID();
+    queue.jobs[newTokens.length].lock_token = token;
+    newTokens.push(token);
+  };
   const stealing: HandlerMap = {
-    ok: defineHandler(z.object({}), () => {
-      job.lock_token = crypto.randomUUID(); // the sweeper rescued it, another worker claimed it
+    ok: defineHandler(z.object({}), steal),
+    boom: defineHandler(z.object({}), () => {
+      steal();
+      throw new Error("too late anyway");
     }),
   };
 
@@ -111,17 +138,18 @@ Deno.test("a job whose lease was lost is left to its new owner", async () => {
     options(queue, { handlers: stealing, log: (event) => events.push(event) }),
   );
 
-  assert.equal(job.status, "running");
-  assert.equal(summary.stale, 1);
-  assert.equal(summary.completed, 0);
-  assert.ok(events.some((event) => event.event === "job.stale" && event.id === job.id));
+  assert.deepEqual([job.status, job.lock_token], ["running", newTokens[0]]);
+  assert.deepEqual([failing.status, failing.lock_token], ["running", newTokens[1]]);
+  assert.deepEqual(queue.calls[1].done, [job.id], "its completion was sent, and ignored");
+  assert.equal(summary.stale, 1, "fail() says when the lease was lost");
+  assert.ok(events.some((event) => event.event === "job.stale" && event.id === failing.id));
 });
 
 Deno.test("claiming stops when the time budget is nearly spent", async () => {
   const queue = new MemoryQueue();
   for (let n = 1; n <= 20; n++) queue.add("ok", { n });
   let clock = 0;
-  queue.beforeClaim = () => {
+  queue.beforeCall = () => {
     clock += 30; // each claim and its batch take 30 ms
   };
 
@@ -133,8 +161,52 @@ Deno.test("claiming stops when the time budget is nearly spent", async () => {
   // 30, 60, 90 ms: a fourth batch would end at 120 ms, past the budget.
   assert.equal(summary.stoppedBy, "time budget");
   assert.equal(queue.claims.length, 3);
+  // The last batch had no claim to ride on: its completions went on their own, before the
+  // drain ended.
+  assert.deepEqual(queue.calls.at(-1), { ...queue.calls[0], done: [5, 6], maxJobs: 0 });
+  assert.deepEqual(queue.byStatus("done"), [1, 2, 3, 4, 5, 6]);
   assert.equal(summary.completed, 6);
   assert.equal(queue.byStatus("queued").length, 14, "the rest waits for the next wake-up");
+});
+
+Deno.test("completions a failed call carried are sent again before the drain ends", async () => {
+  const queue = new MemoryQueue();
+  for (let n = 1; n <= 5; n++) queue.add("ok", { n });
+  queue.beforeCall = () => {
+    if (queue.calls.length === 2) throw new Error("502 Bad Gateway");
+  };
+
+  const summary = await drain(["default"], options(queue));
+
+  assert.equal(summary.stoppedBy, "error");
+  assert.match(summary.error ?? "", /502 Bad Gateway/);
+  assert.deepEqual(queue.calls.map(({ done, maxJobs }) => [done, maxJobs]), [
+    [[], 3],
+    [[1, 2, 3], 3],
+    [[1, 2, 3], 0],
+  ]);
+  assert.deepEqual(queue.byStatus("done"), [1, 2, 3]);
+  assert.equal(summary.completed, 3);
+  assert.equal(summary.unreported, 0);
+});
+
+Deno.test("completions that cannot be sent are counted and logged, with their jobs", async () => {
+  const queue = new MemoryQueue();
+  for (let n = 1; n <= 2; n++) queue.add("ok", { n });
+  queue.beforeCall = (call) => {
+    if (call.done.length > 0) throw new Error("connection reset");
+  };
+  const events: LogEvent[] = [];
+
+  const summary = await drain(["default"], options(queue, { log: (e) => events.push(e) }));
+
+  assert.deepEqual(queue.byStatus("running"), [1, 2], "the sweeper rescues them");
+  assert.equal(summary.completed, 0);
+  assert.equal(summary.unreported, 2);
+  assert.ok(events.some((e) =>
+    e.event === "queue.error" && e.call === "complete_and_claim" &&
+    JSON.stringify(e.jobs) === "[1,2]"
+  ));
 });
 
 Deno.test("handlers still running when the budget ends are aborted and retried", async () => {
@@ -198,9 +270,13 @@ Deno.test("a lease set for the worker is asked for, and limits the handlers", as
 Deno.test("claimed rows without their lease times end the drain with an error that says why", async () => {
   const queue = new MemoryQueue();
   queue.add("ok", { n: 1 });
-  const claim = queue.claim.bind(queue);
-  queue.claim = async (claimOptions) =>
-    (await claim(claimOptions)).map((job) => ({ ...job, locked_at: "", locked_until: "" }));
+  const completeAndClaim = queue.completeAndClaim.bind(queue);
+  queue.completeAndClaim = async (callOptions) =>
+    (await completeAndClaim(callOptions)).map((job) => ({
+      ...job,
+      locked_at: "",
+      locked_until: "",
+    }));
 
   const summary = await drain(["default"], options(queue));
 
@@ -217,16 +293,17 @@ Deno.test("each woken queue is drained, in turn", async () => {
   await drain(["emails", "webhooks"], options(queue));
 
   assert.deepEqual(queue.byStatus("done"), [1, 2, 3, 4, 5, 6, 7, 8]);
+  // Full batches, short ones, then the claims that report the last jobs and find none.
   assert.deepEqual(
     queue.claims.map((claim) => claim.queue),
-    ["emails", "webhooks", "emails", "webhooks"],
+    ["emails", "webhooks", "emails", "webhooks", "emails", "webhooks"],
   );
 });
 
 Deno.test("an error from the API ends the drain and is reported", async () => {
   const queue = new MemoryQueue();
   queue.add("ok", { n: 1 });
-  queue.beforeClaim = () => {
+  queue.beforeCall = () => {
     throw new Error("connection refused");
   };
 
@@ -252,13 +329,18 @@ Deno.test("after the queues run dry, the drain lingers and runs jobs that come l
   assert.deepEqual(ran, [1, 2, 3]);
   assert.equal(summary.completed, 3);
   assert.equal(summary.stoppedBy, "empty");
-  // A claim every 100 ms; the jobs found at 300 and 1,900 ms each started the window over,
-  // and it ended 2 s after the last one.
+  // A claim every 100 ms, and one more at once after each job, to report it; the jobs found
+  // at 300 and 1,900 ms each started the window over, and it ended 2 s after the last one.
   assert.equal(summary.elapsedMs, 3900);
-  assert.equal(queue.claims.length, 40);
+  assert.equal(queue.claims.length, 40 + 3);
+  assert.deepEqual(queue.calls.filter((call) => call.done.length > 0).map((call) => call.done), [
+    [1],
+    [2],
+    [3],
+  ]);
 });
 
-Deno.test("without a linger, the drain stops at the first empty claim", async () => {
+Deno.test("without a linger, the drain stops at the first claim that finds nothing", async () => {
   const queue = new MemoryQueue();
   queue.add("ok", { n: 1 });
   const clock = new FakeClock();
@@ -271,7 +353,8 @@ Deno.test("without a linger, the drain stops at the first empty claim", async ()
   assert.equal(summary.stoppedBy, "empty");
   assert.equal(summary.completed, 1);
   assert.equal(summary.elapsedMs, 0, "it never paused");
-  assert.equal(queue.claims.length, 1);
+  // The second claim reported the job and found nothing.
+  assert.deepEqual(queue.calls.map(({ done, maxJobs }) => [done, maxJobs]), [[[], 3], [[1], 3]]);
 });
 
 Deno.test("the time budget ends a linger", async () => {
@@ -308,10 +391,11 @@ Deno.test("a lingering drain polls every woken queue", async () => {
   assert.deepEqual(queue.byStatus("done"), [1]);
   assert.equal(summary.stoppedBy, "empty");
   assert.equal(summary.elapsedMs, 1500);
-  // Both queues at 0, 250, ..., 1,500 ms.
+  // Both queues at 0, 250, ..., 1,500 ms, and webhooks once more at 500 ms to report its job.
+  const round = ["emails", "webhooks"];
   assert.deepEqual(
     queue.claims.map((claim) => claim.queue),
-    Array.from({ length: 7 }, () => ["emails", "webhooks"]).flat(),
+    [...round, ...round, ...round, "webhooks", ...round, ...round, ...round, ...round],
   );
 });
 
