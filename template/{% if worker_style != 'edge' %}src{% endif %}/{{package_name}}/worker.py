@@ -209,7 +209,7 @@ class Worker:
                         lease_seconds=lease_seconds,
                     )
             except QueueUnavailable as exc:
-                completions.expect_claims(False)
+                completions.expect_claims(False)  # no claim before the pause ends
                 await self._wait_out(outage, exc)
                 completions.expect_claims(True)
                 continue
@@ -229,7 +229,7 @@ class Worker:
                 continue
             if jobs:
                 idle.reset()
-            completions.expect_claims(False)
+            completions.expect_claims(False)  # idle: no claim before jobs come
             await self._unless_stopped(self._queue.wait_for_jobs(settings.queue, idle.next()))
             completions.expect_claims(True)
 
