@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from . import generated_worker, peers, queue_sql, report, sql_variants, wakeups
+from . import generated_worker, hot_path_steps, peers, queue_sql, report, sql_variants, wakeups
 from . import stack as stack_module
 from .stack import REPO, Stack
 
@@ -167,6 +167,13 @@ def _parser() -> argparse.ArgumentParser:
         "them, and measure proposed changes to the SQL on scratch schemas",
     )
     parser.add_argument(
+        "--hot-path-steps",
+        action="store_true",
+        help="instead of the scenarios: measure what each change of the hot path bought, step "
+        "by step from claim + complete_many to complete_and_claim, on scratch schemas, and pgmq "
+        "(server and client CPU, WAL per job, jobs/s)",
+    )
+    parser.add_argument(
         "--patch",
         choices=sorted(sql_variants.PATCHES),
         action="append",
@@ -203,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.now(UTC)
     out = args.out or REPO / "bench" / "results" / f"{started:%Y%m%dT%H%M%SZ}.json"
     known = _known(sizes)
-    wanted = [] if args.sql_variants else args.only or known
+    wanted = [] if args.sql_variants or args.hot_path_steps else args.only or known
     unknown = set(wanted) - set(known)
     if unknown:
         names = ", ".join(known)
@@ -235,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
             plans.parent.mkdir(parents=True, exist_ok=True)
             plans.write_text(sql_variants.explain(stack))
             print(f"bench: wrote {plans}", file=sys.stderr)
+        elif args.hot_path_steps:
+            print("bench: hot path steps", file=sys.stderr)
+            raw = hot_path_steps.run(stack, sizes.jobs, args.repeats)
         else:
             raw = _run_scenarios(stack, sizes, wanted, args.repeats, document, args.linger)
             if args.profile:
@@ -248,6 +258,13 @@ def main(argv: list[str] | None = None) -> int:
     document["loadavg_at_end"] = os.getloadavg()
     document["elapsed_s"] = round((datetime.now(UTC) - started).total_seconds(), 1)
     document["scenarios"] = report.summarize(raw)
+    if args.hot_path_steps:
+        hot_path_steps.add_pgmq_ratios(document["scenarios"])
+        document["steps"] = {step.name: step.change for step in hot_path_steps.STEPS}
+        print(hot_path_steps.table(document["scenarios"]))
+        report.write_json(out, document)
+        print(f"bench: wrote {out}", file=sys.stderr)
+        return 0
     document["targets"] = wakeups.targets(document["scenarios"])
     document["ratio_targets"] = report.ratio_targets(document["scenarios"])
     print(report.table(document["scenarios"]))

@@ -37,6 +37,10 @@ def unit_of(figure: str) -> str:
     markers = (
         ("us_per_row", "us/row"),
         ("us_per_job", "us/job"),
+        ("bytes_per_job", "B/job"),
+        ("rows_per_job", "rows/job"),
+        ("updates_per_job", "updates/job"),
+        ("tokens_per_job", "tokens/job"),
         ("jobs_per_s", "jobs/s"),
         ("_ms", "ms"),
         ("samples", "jobs"),

@@ -128,3 +128,52 @@ def test_sql_variants_still_apply_to_the_migrations(tmp_path: Path) -> None:
             assert figures[figure]["median"] > 0, (name, figure, figures[figure])
     plans = out.with_suffix(".explain.txt").read_text()
     assert "Update on jobs" in plans and "jobs_claim_idx" in plans
+
+
+def test_hot_path_steps_each_change_what_it_says(tmp_path: Path) -> None:
+    """`--hot-path-steps` measures the hot path's changes one at a time: each step must really
+    differ from the one before it as its name says, or its figures would be credited to the
+    wrong change."""
+    run([BENCH, "--setup-only"], timeout=900)
+    out = tmp_path / "steps.json"
+
+    printed = run(
+        [BENCH, "--smoke", "--hot-path-steps", "--repeats", "1", "--out", out], timeout=300
+    )
+
+    result = json.loads(out.read_text())
+    steps = result["scenarios"]
+    names = ["two_calls", "one_call", "one_token", "hot_claims", "done_batches", "pgmq"]
+    assert list(steps) == names
+    assert list(result["steps"]) == names
+    median = {name: {f: s["median"] for f, s in figures.items()} for name, figures in steps.items()}
+    for name, figures in steps.items():
+        for figure in (
+            "server_cpu_us_per_job",
+            "client_cpu_us_per_job",
+            "wal_bytes_per_job",
+            "jobs_per_s",
+        ):
+            assert figures[figure]["median"] > 0, (name, figure, figures[figure])
+            pgmq = steps["pgmq"][figure]["median"]
+            assert figures[figure]["vs_pgmq"] == round(figures[figure]["median"] / pgmq, 2)
+        assert name in printed
+    assert "x pgmq" in printed
+    # Two calls: a claim and a completion, both updates; then one update (the claim) a job.
+    assert median["two_calls"]["updates_per_job"] == 1 + median["one_call"]["updates_per_job"]
+    assert median["one_call"]["updates_per_job"] == 1
+    # Before hot_claims a claim is never a HOT update, from then on most are.
+    for name in ("two_calls", "one_call", "one_token"):
+        assert median[name]["hot_update_share"] == 0, name
+    for name in ("hot_claims", "done_batches"):
+        assert median[name]["hot_update_share"] > 0.5, name
+    # Done jobs stay in the job table, then take a history row each, then a row per call.
+    assert median["two_calls"]["history_rows_per_job"] == 0
+    for name in ("one_call", "one_token", "hot_claims"):
+        assert median[name]["history_rows_per_job"] == 1, name
+    assert median["done_batches"]["history_rows_per_job"] == 1 / 100
+    # A lock token per job, then one per call (batch 100).
+    for name in ("two_calls", "one_call"):
+        assert median[name]["tokens_per_job"] == 1, name
+    for name in ("one_token", "hot_claims", "done_batches"):
+        assert median[name]["tokens_per_job"] == 1 / 100, name

@@ -41,7 +41,7 @@ def test_one_call_completes_the_last_batch_and_claims_the_next(db: psycopg.Conne
     assert [j["id"] for j in first] == ids[:2]
     assert set(first[0]) == {
         "id", "kind", "payload", "attempts", "max_attempts", "lock_token", "locked_at",
-        "locked_until",
+        "locked_until", "concurrency_key",
     }  # fmt: skip
     assert first[0]["attempts"] == 1 and first[0]["payload"] == {"n": 0}
     second = complete_and_claim(db, first, max_jobs=2)

@@ -430,6 +430,14 @@ def test_service_role_has_exactly_the_worker_api(db: psycopg.Connection) -> None
         "retry",
         "cancel",
         "complete_and_claim",
+        "set_concurrency_limit",
+        "pause",
+        "resume",
+        "set_rate_limit",
+        "progress",
+        "job",
+        "schedule",
+        "unschedule",
         "sweep",
         "configure",
         "default_max_attempts",
@@ -528,6 +536,10 @@ def test_configuration_is_seeded_from_the_answers(config: dict) -> None:
         "worker_url_setting": "app.pgqueue_worker_url",
         "service_key_setting": "app.service_role_key",
         "sweep_schedule": "* * * * *",
+        # run-time only, not from the answers (the flow-control migration)
+        "default_concurrency_limit": None,
+        "key_retention_days": 7,
+        "max_result_bytes": 65536,
     }
 
 

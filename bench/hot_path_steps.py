@@ -1,0 +1,432 @@
+"""What each change of the hot path bought: `bench/run --hot-path-steps`.
+
+Migration 20261203000003 made four changes to the claim-and-complete loop at once. Here each
+one is a step, measured on a scratch schema of its own (pgmq on its database), from the loop
+before the migration to pgqueue itself as migrated:
+
+- two_calls: claim(100) + complete_many() on the job table as it was before the migration
+  (bench/hot_path_steps.sql);
+- one_call: complete_and_claim(): one call and one transaction per batch, and a finished job
+  leaves the job table (each done job a row in job_history); still a token per job and the
+  old table;
+- one_token: + one lock token per call instead of one per job;
+- hot_claims: + the claim index without a status predicate, no lease or finished index,
+  fillfactor 50: claims are HOT updates;
+- done_batches: + done jobs without an idempotency key written one row per call to
+  done_batches instead of a row each to job_history: pgqueue.complete_and_claim() as migrated;
+- pgmq: read(q, 30, 100) + delete(q, ids), for scale.
+
+The three middle steps run the migrated complete_and_claim() itself, with the later steps'
+changes undone by text substitution (REWRITES): when the migration changes under them, the
+run fails instead of measuring something else.
+
+Each step drains the same queued no-op jobs with one connection, batch 100, its runs
+interleaved with the other steps'. Figures per job: the server backend's CPU time (user +
+system, from /proc: the figure a busy machine moves least), the loop process's CPU time, the
+WAL written, and jobs/s; then, to show that each step changes what it says, the updates of
+the job table per job and the share of them that were HOT, the rows written to history tables
+per job, and the distinct lock tokens per claimed job.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from .peers import PGMQ_QUEUE, PGMQ_VT, PGMQ_WARM_UP, pgmq_reset
+from .queue_sql import CLAIM_BATCH
+from .stack import SCHEMA, Stack, wait_idle_autovacuum
+
+SQL = Path(__file__).with_name("hot_path_steps.sql")
+COMPLETE_AND_CLAIM = (
+    f"{SCHEMA}.complete_and_claim(text, bigint[], uuid[], integer, text[], text, integer)"
+)
+WORKER = "bench"
+WARM_UP = "warm-up"  # a queue nobody enqueues to: the statements are prepared on it
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    pattern: str  # a regular expression that matches complete_and_claim()'s body exactly once
+    replacement: str
+
+
+# Changes to the migrated complete_and_claim(), each undoing one step.
+REWRITES = {
+    # Undoes done_batches: every done job is a row in job_history, as a done job with an
+    # idempotency key is (the `kept` CTE loses its condition, the `batched` CTE goes).
+    "history_row_per_job": (
+        Rewrite(
+            r"\s*where r\.idempotency_key is not null\s*\),\s*batched as \(.*?"
+            r"group by r\.queue, r\.kind\s*\)",
+            "\n  )",
+        ),
+    ),
+    # Undoes one_token: a fresh token per claimed job, as claim() draws them, and none for
+    # the call.
+    "token_per_job": (
+        Rewrite(r"lock_token = token\b", "lock_token = gen_random_uuid()"),
+        Rewrite(r"\n\s*token uuid := gen_random_uuid\(\);", ""),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    change: str
+    # the blocks of hot_path_steps.sql that make its schema, and the rewrites of the migrated
+    # complete_and_claim() it gets (none: the step brings its own functions, or is pgqueue)
+    blocks: tuple[str, ...] = ()
+    rewrites: tuple[str, ...] = ()
+    history: tuple[str, ...] = ("job_history",)  # its tables that keep finished jobs
+
+    @property
+    def schema(self) -> str:
+        return SCHEMA if self.name == "done_batches" else f"hps_{self.name}"
+
+
+STEPS = (
+    Step(
+        "two_calls",
+        "claim(100) + complete_many(): two calls and two commits a batch, a token per job, "
+        "every column returned, tables as before the migration, done jobs kept in the job table",
+        blocks=("jobs_before", "two_calls"),
+        history=(),
+    ),
+    Step(
+        "one_call",
+        "complete_and_claim(): one call and one commit a batch, the columns a worker needs; "
+        "a finished job leaves the job table, a job_history row per done job",
+        blocks=("jobs_before", "job_history"),
+        rewrites=("history_row_per_job", "token_per_job"),
+    ),
+    Step(
+        "one_token",
+        "+ one lock token per call instead of one per job",
+        blocks=("jobs_before", "job_history"),
+        rewrites=("history_row_per_job",),
+    ),
+    Step(
+        "hot_claims",
+        "+ claim index without a status predicate, no lease index, fillfactor 50: HOT claims",
+        blocks=("jobs_hot", "job_history"),
+        rewrites=("history_row_per_job",),
+    ),
+    Step(
+        "done_batches",
+        "+ done jobs without a key a done_batches row per call: pgqueue as migrated",
+        history=("job_history", "done_batches"),
+    ),
+    Step("pgmq", "pgmq 1.5.1 read(q, 30, 100) + delete(q, ids)"),
+)
+
+
+def _blocks() -> dict[str, str]:
+    parts = re.split(r"^-- block: (\w+)\n", SQL.read_text(), flags=re.MULTILINE)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def _rewrite(definition: str, step: Step) -> str:
+    """The migrated complete_and_claim(), with `step`'s rewrites, on `step`'s tables."""
+    for name in step.rewrites:
+        for rewrite in REWRITES[name]:
+            definition, count = re.subn(
+                rewrite.pattern, rewrite.replacement, definition, flags=re.DOTALL
+            )
+            if count != 1:
+                raise RuntimeError(
+                    f"the migration changed: rewrite {name} ({rewrite.pattern!r}) matched "
+                    f"{count} times in {COMPLETE_AND_CLAIM}; update bench/hot_path_steps.py"
+                )
+    definition = re.sub(
+        rf"\b{SCHEMA}\.(jobs|job_history|complete_and_claim)\b", rf"{step.schema}.\1", definition
+    )
+    left = set(re.findall(rf"\b{SCHEMA}\.\w+", definition)) - {f"{SCHEMA}.config"}
+    if left:
+        raise RuntimeError(
+            f"step {step.name}'s complete_and_claim() still uses {sorted(left)}: the migration "
+            "changed; update bench/hot_path_steps.py"
+        )
+    return definition
+
+
+def install(stack: Stack) -> None:
+    """Create every scratch step's schema."""
+    blocks = _blocks()
+    with stack.cluster.connect(autocommit=True) as conn:
+        definition = conn.execute(
+            "select pg_get_functiondef(%s::regprocedure)", (COMPLETE_AND_CLAIM,)
+        ).fetchone()[0]
+        for step in STEPS:
+            if not step.blocks:
+                continue
+            conn.execute(f"drop schema if exists {step.schema} cascade")
+            conn.execute(f"create schema {step.schema}")
+            for block in step.blocks:
+                conn.execute(blocks[block].replace("{s}", step.schema))
+            if step.rewrites:
+                conn.execute(_rewrite(definition, step))
+
+
+@dataclass
+class Drained:
+    batches: int = 0  # claims that returned jobs
+    first_tokens: list = field(default_factory=list)  # the lock tokens of the first batch
+
+
+class TwoCalls:
+    def __init__(self, schema: str) -> None:
+        self.claim = f"select id, lock_token from {schema}.claim(%s, %s, null, %s)"
+        self.complete = f"select count(*) from {schema}.complete_many(%s::bigint[], %s::uuid[])"
+
+    def warm_up(self, conn: psycopg.Connection) -> None:
+        conn.execute(self.claim, (WORKER, CLAIM_BATCH, WARM_UP), prepare=True).fetchall()
+        conn.execute(self.complete, ([], []), prepare=True).fetchone()
+
+    def drain(self, conn: psycopg.Connection) -> Drained:
+        drained = Drained()
+        while True:
+            rows = conn.execute(self.claim, (WORKER, CLAIM_BATCH, "default"), prepare=True)
+            rows = rows.fetchall()
+            if not rows:
+                return drained
+            ids, tokens = [job_id for job_id, _ in rows], [token for _, token in rows]
+            drained.batches += 1
+            drained.first_tokens = drained.first_tokens or tokens
+            conn.execute(self.complete, (ids, tokens), prepare=True).fetchone()
+
+
+class CompleteAndClaim:
+    """Each call completes the batch the previous one claimed; the call that finds the queue
+    empty completes the last batch."""
+
+    def __init__(self, schema: str) -> None:
+        self.call = (
+            f"select id, lock_token from {schema}.complete_and_claim("
+            "%s, %s::bigint[], %s::uuid[], %s, null, %s)"
+        )
+
+    def warm_up(self, conn: psycopg.Connection) -> None:
+        conn.execute(self.call, (WORKER, [], [], CLAIM_BATCH, WARM_UP), prepare=True).fetchall()
+
+    def drain(self, conn: psycopg.Connection) -> Drained:
+        drained = Drained()
+        ids: list[int] = []
+        tokens: list = []
+        while True:
+            rows = conn.execute(
+                self.call, (WORKER, ids, tokens, CLAIM_BATCH, "default"), prepare=True
+            ).fetchall()
+            if not rows:
+                return drained
+            ids, tokens = [job_id for job_id, _ in rows], [token for _, token in rows]
+            drained.batches += 1
+            drained.first_tokens = drained.first_tokens or tokens
+
+
+class Pgmq:
+    read = "select msg_id from pgmq.read(%s, %s, %s)"
+    delete = "select count(*) from pgmq.delete(%s, %s::bigint[])"
+
+    def warm_up(self, conn: psycopg.Connection) -> None:
+        conn.execute(self.read, (PGMQ_WARM_UP, PGMQ_VT, CLAIM_BATCH), prepare=True).fetchall()
+        conn.execute(self.delete, (PGMQ_WARM_UP, []), prepare=True).fetchone()
+
+    def drain(self, conn: psycopg.Connection) -> Drained:
+        drained = Drained()
+        while True:
+            rows = conn.execute(self.read, (PGMQ_QUEUE, PGMQ_VT, CLAIM_BATCH), prepare=True)
+            ids = [msg_id for (msg_id,) in rows.fetchall()]
+            if not ids:
+                return drained
+            drained.batches += 1
+            conn.execute(self.delete, (PGMQ_QUEUE, ids), prepare=True).fetchone()
+
+
+def _backend_cpu_s(pid: int) -> float:
+    """CPU time (user + system) the server process `pid` has used: the scheduler's count in
+    ns, or /proc/<pid>/stat's clock ticks (10 ms) where there is no schedstat."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _table_counts(conn: psycopg.Connection, tables: list[str]) -> dict[str, tuple[int, ...]]:
+    """Rows inserted, updated, HOT-updated into each of `tables` so far, this connection's
+    included (pg_stat_force_next_flush: its counts reach the statistics when it goes idle)."""
+    conn.execute("select pg_stat_force_next_flush()")
+    return {
+        table: conn.execute(
+            "select n_tup_ins, n_tup_upd, n_tup_hot_upd from pg_stat_user_tables "
+            "where relid = %s::regclass",
+            (table,),
+        ).fetchone()
+        for table in tables
+    }
+
+
+def _fill(stack: Stack, conn: psycopg.Connection, step: Step, jobs: int) -> None:
+    """The step's tables empty and vacuumed, then `jobs` queued no-op jobs."""
+    if step.name == "pgmq":
+        pgmq_reset(stack, queued=jobs)
+        return
+    s = step.schema
+    tables = ", ".join(f"{s}.{t}" for t in ("jobs", *step.history))
+    conn.execute(f"truncate {tables}")
+    conn.execute(
+        f"insert into {s}.jobs (kind, payload) "
+        "select 'noop', jsonb_build_object('n', n) from generate_series(1, %s) as n",
+        (jobs,),
+    )
+    conn.execute(f"vacuum analyze {tables}")
+
+
+def _check(conn: psycopg.Connection, step: Step, jobs: int) -> None:
+    """Every job finished as the step keeps it: done in the job table (two_calls), in the
+    history (the other steps), deleted (pgmq)."""
+    s = step.schema
+    if step.name == "pgmq":
+        left, kept = conn.execute(f"select count(*), 0 from pgmq.q_{PGMQ_QUEUE}").fetchone()
+    elif step.name == "two_calls":
+        left, kept = conn.execute(
+            f"select count(*) filter (where status <> 'done'), "
+            f"count(*) filter (where status = 'done') from {s}.jobs"
+        ).fetchone()
+    else:
+        history = "all_jobs" if s == SCHEMA else "job_history"
+        left = conn.execute(f"select count(*) from {s}.jobs").fetchone()[0]
+        kept = conn.execute(f"select count(*) from {s}.{history} where status = 'done'").fetchone()[
+            0
+        ]
+    if left or kept != (0 if step.name == "pgmq" else jobs):
+        raise RuntimeError(f"{step.name}: {left} of {jobs} jobs not finished, {kept} kept as done")
+
+
+def measure(stack: Stack, step: Step, jobs: int) -> dict[str, float]:
+    """One drain of `jobs` jobs through `step`, on a new connection."""
+    driver: TwoCalls | CompleteAndClaim | Pgmq
+    if step.name == "pgmq":
+        driver, dbname = Pgmq(), "pgmq"
+        job_table, history = f"pgmq.q_{PGMQ_QUEUE}", [f"pgmq.a_{PGMQ_QUEUE}"]
+    else:
+        two_calls = step.name == "two_calls"
+        driver = TwoCalls(step.schema) if two_calls else CompleteAndClaim(step.schema)
+        dbname, job_table = "postgres", f"{step.schema}.jobs"
+        history = [f"{step.schema}.{table}" for table in step.history]
+    with stack.cluster.connect(dbname, autocommit=True) as conn:
+        _fill(stack, conn, step, jobs)
+        driver.warm_up(conn)
+        wait_idle_autovacuum(stack)
+        pid = conn.execute("select pg_backend_pid()").fetchone()[0]
+        before = _table_counts(conn, [job_table, *history])
+        lsn = conn.execute("select pg_current_wal_lsn()").fetchone()[0]
+
+        server = _backend_cpu_s(pid)
+        client = time.process_time()
+        started = time.perf_counter()
+        drained = driver.drain(conn)
+        elapsed = time.perf_counter() - started
+        client = time.process_time() - client
+        server = _backend_cpu_s(pid) - server
+
+        wal = conn.execute("select pg_current_wal_lsn() - %s::pg_lsn", (lsn,)).fetchone()[0]
+        after = _table_counts(conn, [job_table, *history])
+        _check(conn, step, jobs)
+    if drained.batches != -(-jobs // CLAIM_BATCH):
+        raise RuntimeError(f"{step.name}: {drained.batches} batches for {jobs} jobs")
+    updates, hot = (after[job_table][i] - before[job_table][i] for i in (1, 2))
+    figures = {
+        "server_cpu_us_per_job": server / jobs * 1e6,
+        "client_cpu_us_per_job": client / jobs * 1e6,
+        "wal_bytes_per_job": float(wal) / jobs,
+        "jobs_per_s": jobs / elapsed,
+        "updates_per_job": updates / jobs,
+        "hot_update_share": hot / updates if updates else 0.0,
+        "history_rows_per_job": sum(after[t][0] - before[t][0] for t in history) / jobs,
+    }
+    if drained.first_tokens:
+        figures["tokens_per_job"] = len(set(drained.first_tokens)) / len(drained.first_tokens)
+    return figures
+
+
+def run(stack: Stack, jobs: int, repeats: int) -> dict[str, dict[str, list[float]]]:
+    """Every step `repeats` times, interleaved (the order reversed every other round)."""
+    install(stack)
+    out: dict[str, dict[str, list[float]]] = {}
+    for repeat in range(repeats):
+        for step in STEPS if repeat % 2 == 0 else reversed(STEPS):
+            for figure, value in measure(stack, step, jobs).items():
+                out.setdefault(step.name, {}).setdefault(figure, []).append(value)
+    return out
+
+
+# The figures compared with pgmq's, as (figure, column heading); then those that show what
+# each step changed.
+COMPARED = (
+    ("server_cpu_us_per_job", "server us/job"),
+    ("client_cpu_us_per_job", "client us/job"),
+    ("wal_bytes_per_job", "WAL B/job"),
+    ("jobs_per_s", "jobs/s"),
+)
+CHECKS = (
+    ("updates_per_job", "updates/job"),
+    ("hot_update_share", "HOT share"),
+    ("history_rows_per_job", "history rows/job"),
+    ("tokens_per_job", "tokens/job"),
+)
+
+
+def add_pgmq_ratios(summary: dict[str, Any]) -> None:
+    """Each compared figure's median over pgmq's, as `vs_pgmq`."""
+    pgmq = summary.get("pgmq", {})
+    for figures in summary.values():
+        for figure, _ in COMPARED:
+            theirs = pgmq.get(figure, {}).get("median")
+            if figure in figures and theirs:
+                figures[figure]["vs_pgmq"] = round(figures[figure]["median"] / theirs, 2)
+
+
+def _number(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.2f}"
+
+
+def table(summary: dict[str, Any]) -> str:
+    """Medians, each compared figure with its ratio to pgmq's (lower is better but for jobs/s)."""
+    header = ["step"]
+    for _, heading in COMPARED:
+        header += [heading, "x pgmq"]
+    header += [heading for _, heading in CHECKS]
+    rows = [header]
+    for step in STEPS:
+        figures = summary.get(step.name)
+        if figures is None:
+            continue
+        row = [step.name]
+        for figure, _ in COMPARED:
+            s = figures[figure]
+            row += [_number(s["median"]), f"{s['vs_pgmq']:.2f}x" if "vs_pgmq" in s else ""]
+        row += [_number(figures[f]["median"]) if f in figures else "" for f, _ in CHECKS]
+        rows.append(row)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = []
+    for n, row in enumerate(rows):
+        cells = [
+            cell.ljust(width) if i == 0 else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    n = {len(s["jobs_per_s"]["values"]) for s in summary.values() if "jobs_per_s" in s}
+    lines.append(f"(medians of {', '.join(map(str, sorted(n)))} runs; steps:)")
+    lines += [f"  {step.name}: {step.change}" for step in STEPS]
+    return "\n".join(lines)
