@@ -5,7 +5,8 @@ ASGI app instead. It serves what the generated projects call through them, and n
 
 - `POST /rest/v1/rpc/<function>`: a queue function with named arguments in a JSON body
   (`client.schema(s).rpc(fn, args)`), optionally with `select=` naming columns of the rows it
-  returns, cast or not (the Python transport's claim asks for `payload::text`);
+  returns, cast or not (the Python transport's complete_and_claim asks for
+  `payload::text`);
 - `GET /rest/v1/<table or view>` with `select=` (`*` or columns), `order=` and `limit=` (the
   CLI reads `stats`, `unclaimed` and `dead_letters` so).
 

@@ -76,6 +76,7 @@ QUEUE_CALLS = {
     "enqueue": {"kind": "email"},
     "enqueue_many": {"jobs": [{"kind": "email"}]},
     "claim": {"worker": "w1"},
+    "complete_and_claim": {"worker": "w1", "done_ids": [1], "done_tokens": [str(uuid.uuid4())]},
     "complete": {"job_id": 1, "lock_token": str(uuid.uuid4())},
     "complete_many": {"job_ids": [1], "lock_tokens": [str(uuid.uuid4())]},
     "fail": {"job_id": 1, "lock_token": str(uuid.uuid4()), "error": "boom"},
@@ -216,6 +217,37 @@ def test_arrays_become_postgres_arrays_and_defaults_apply_to_arguments_left_out(
     pub = client(standin).schema("public")
     assert pub.rpc("standin_add", {"a": 1}).execute().data == 11
     assert pub.rpc("standin_add", {"a": 1, "b": 2}).execute().data == 3
+
+
+def test_the_hot_path_takes_arrays_and_answers_with_its_table(standin, db):
+    """complete_and_claim as the Python transport calls it: arrays of ids and tokens in, the
+    rows of a RETURNS TABLE out, the payload cast to text by select=."""
+    q = client(standin).schema("pgqueue")
+    jobs = [{"kind": "hot", "payload": {"n": n}} for n in (1, 2)]
+    first, second = q.rpc("enqueue_many", {"jobs": jobs}).execute().data
+    columns = ("id", "kind", "payload::text", "attempts", "max_attempts", "lock_token")
+
+    def complete_and_claim(**args: object) -> list[dict]:
+        request = q.rpc("complete_and_claim", {"worker": "w", "kinds": ["hot"], **args})
+        return request.select(*columns).execute().data
+
+    [claimed] = complete_and_claim(max_jobs=1)
+    assert (claimed["id"], claimed["kind"], claimed["payload"]) == (first, "hot", '{"n": 1}')
+    assert claimed["attempts"] == 1
+    [after] = complete_and_claim(
+        done_ids=[first],
+        done_tokens=[claimed["lock_token"]],
+        max_jobs=1,
+        queue="default",
+        lease_seconds=30,
+    )
+    assert after["id"] == second
+    assert job(db, first)["status"] == "done"
+    # max_jobs 0 only completes: no rows, an empty array
+    assert (
+        complete_and_claim(done_ids=[second], done_tokens=[after["lock_token"]], max_jobs=0) == []
+    )
+    assert job(db, second)["status"] == "done"
 
 
 def test_rpc_errors_keep_the_sqlstate_and_roll_back(standin, db):
@@ -445,7 +477,12 @@ def test_reads_of_the_views_with_select_order_and_limit(standin, db):
         ("default", "b"),
         ("q2", "c"),
     ]
-    db.execute("update pgqueue.jobs set status = 'failed', finished_at = now(), last_error = 'x'")
+    for queue in ("default", "q2"):  # every job dead-lettered
+        claimed = db.execute(
+            "select id, lock_token from pgqueue.claim('w', 10, queue => %s)", (queue,)
+        )
+        for job_id, token in claimed.fetchall():
+            db.execute("select pgqueue.fail(%s, %s, 'x', retryable => false)", (job_id, token))
     dead = q.table("dead_letters").select("*").limit(3).execute().data
     assert len(dead) == 3 and {r["last_error"] for r in dead} == {"x"}
     assert q.table("dead_letters").select("*").limit(0).execute().data == []

@@ -418,6 +418,7 @@ def audit(
         result.problems.append(f"{extra[0]} jobs in the table that nobody enqueued")
     runs = executions(audit_dir)
     expected = {job_id: plan.expected(i) for i, job_id in enumerate(ids)} if plan else {}
+    planned_max = {job_id: plan.jobs[i][2] for i, job_id in enumerate(ids)} if plan else {}
     problem = result.problems.append
     for job_id in ids:
         row = rows.get(job_id)
@@ -425,6 +426,10 @@ def audit(
             result.missing.append(job_id)
             continue
         status, attempts, max_attempts, last_error, finished_at, lock_token = row
+        # a done job kept by batch (done_batches) keeps neither its max_attempts nor an error
+        batched = status == "done" and max_attempts is None
+        if batched:
+            max_attempts = planned_max.get(job_id)
         result.attempts += attempts
         if status not in TERMINAL:
             result.unfinished.append(job_id)
@@ -438,11 +443,11 @@ def audit(
             problem(f"job {job_id}: one attempt started twice (a double claim): {started}")
         if started and max(started) > attempts:
             problem(f"job {job_id}: attempt {max(started)} ran but {attempts} were counted")
-        if attempts > max_attempts:
+        if max_attempts is not None and attempts > max_attempts:
             problem(f"job {job_id}: {attempts} attempts, more than its {max_attempts}")
         if attempts > 1:
             result.retried += 1
-            if not last_error:
+            if not last_error and not batched:
                 problem(f"job {job_id}: {attempts} attempts but no error recorded")
         cut_off = faulty_run is not None and any(
             faulty_run(e) for e in events if e.event == "start"

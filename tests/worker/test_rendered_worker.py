@@ -75,11 +75,10 @@ def test_cli(installed: Installed, stack_env: dict, db: psycopg.Connection) -> N
     )
 
     # a dead letter, listed and retried through `python -m`
-    db.execute(
-        "update pgqueue.jobs set status = 'failed', finished_at = now(), last_error = 'x'"
-        " where id = %s",
-        (job_id,),
-    )
+    [(token,)] = db.execute(
+        "select lock_token from pgqueue.claim('w', kinds => array['send_email'])"
+    ).fetchall()
+    db.execute("select pgqueue.fail(%s, %s, 'x', retryable => false)", (job_id, token))
     python = [installed.bin("python"), "-m", PACKAGE]
     dead = json.loads(run([*python, "dead-letters"], env=stack_env).splitlines()[0])
     assert (dead["id"], dead["last_error"]) == (job_id, "x")

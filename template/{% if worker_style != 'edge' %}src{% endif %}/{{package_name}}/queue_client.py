@@ -40,15 +40,18 @@ class Job(BaseModel):
     lock_token: UUID
 
     @classmethod
-    def from_claim(cls, row: dict[str, Any]) -> Job:
-        """A row of claim() whose payload came as JSON text (`payload::text`): it is decoded
-        here, job by job, so one payload Python cannot decode fails its own job instead of
-        the claim of the whole batch."""
+    def from_claim(cls, row: dict[str, Any], queue: str) -> Job:
+        """A row of complete_and_claim(), which names no queue (its jobs are of the `queue`
+        it was asked for), whose payload came as JSON text (`payload::text`): the payload is
+        decoded here, job by job, so one payload Python cannot decode fails its own job
+        instead of the claim of the whole batch."""
         try:
             payload, error = json.loads(row["payload"]), None
         except RecursionError:
             payload, error = None, _TOO_DEEP
-        return cls.model_validate(row | {"payload": payload, "payload_error": error})
+        return cls.model_validate(
+            row | {"queue": queue, "payload": payload, "payload_error": error}
+        )
 
 
 _TOO_DEEP = "nested too deeply to decode (Python's json stops near 1,000 levels)"
@@ -90,11 +93,20 @@ class QueueClient(Protocol):
         """Enqueue many jobs in one statement; ids in input order."""
         ...
 
-    async def claim(
-        self, worker: str, max_jobs: int, *, kinds: list[str], queue: str, lease_seconds: int
+    async def complete_and_claim(
+        self,
+        worker: str,
+        done: list[Job],
+        max_jobs: int,
+        *,
+        kinds: list[str],
+        queue: str,
+        lease_seconds: int,
     ) -> list[Job]:
-        """Lease up to max_jobs runnable jobs of these kinds on a queue to `worker`; jobs of
-        other kinds stay queued for the workers that handle them."""
+        """Mark the `done` jobs done (passing over any whose token is stale, silently) and
+        lease up to max_jobs runnable jobs of these kinds on a queue to `worker`, in one call
+        and one transaction; jobs of other kinds stay queued for the workers that handle
+        them. max_jobs 0 only completes."""
         ...
 
     async def complete(self, job: Job) -> bool:

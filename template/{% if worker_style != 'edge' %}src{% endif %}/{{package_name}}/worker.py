@@ -3,10 +3,12 @@
 
 - It claims only the kinds it has handlers for: a job of another kind stays queued for the
   workers (or the newer release) that handle it.
-- Each job runs in a task of its own (job_runner.py); one lease keeper per worker renews the
-  leases and enforces the timeouts of every job in hand (leases.py); successes are reported
-  in batches (completions.py). Per job the worker does no round trip of its own, creates one
-  task and no timer, so its cost per job stays small.
+- Each claim is complete_and_claim(): it also completes the jobs that succeeded since the
+  last one, in the same round trip and transaction (completions.py; successes that no claim
+  comes for soon are sent alone). Each job runs in a task of its own (job_runner.py); one
+  lease keeper per worker renews the leases and enforces the timeouts of every job in hand
+  (leases.py). Per job the worker does no round trip of its own, creates one task and no
+  timer, so its cost per job stays small.
 - Idle, the worker waits for a wake-up (LISTEN with the postgres transport) or polls with a
   growing pause; it never spins. A lost connection is retried with backoff.
 - stop() (SIGTERM/SIGINT): no more claims; running jobs get `shutdown_grace` seconds to
@@ -124,11 +126,15 @@ class Worker:
             runner = JobRunner(self._queue, keeper, completions, self.counts, lease_seconds)
             self._machinery = (lease_seconds, keeper, completions, runner)
         lease_seconds, keeper, completions, _ = self._machinery
-        reporting = asyncio.create_task(completions.run(), name="complete_many")
+        reporting = asyncio.create_task(completions.run(), name="completions")
         keeping = asyncio.create_task(keeper.run(), name="lease_keeper")
+        completions.expect_claims(True)
         try:
-            await self._claim_and_start(lease_seconds=lease_seconds, until_idle=until_idle)
+            await self._claim_and_start(
+                completions, lease_seconds=lease_seconds, until_idle=until_idle
+            )
         finally:
+            completions.expect_claims(False)  # no more claims: the last successes go alone
             await self._finish()
             # Every job has ended: report the last successes, and stop the keeper.
             completions.close()
@@ -167,7 +173,9 @@ class Worker:
         )
         await self._unless_stopped(asyncio.sleep(delay))
 
-    async def _claim_and_start(self, *, lease_seconds: int, until_idle: bool) -> None:
+    async def _claim_and_start(
+        self, completions: Completions, *, lease_seconds: int, until_idle: bool
+    ) -> None:
         settings = self._settings
         kinds = self._handlers.kinds()
         idle = Backoff(_FIRST_IDLE_PAUSE, settings.poll_interval)
@@ -178,6 +186,7 @@ class Worker:
         while not self._stopping.is_set():
             free = settings.concurrency - len(self._running)
             if free < refill:
+                # The next claim comes when enough jobs end; successes wait for it a little.
                 self._changed.clear()
                 await self._job_ended()
                 continue
@@ -189,15 +198,20 @@ class Worker:
             self._changed.clear()
             renew_at = time.monotonic() + lease_seconds / 2
             try:
-                jobs = await self._queue.claim(
-                    settings.worker_name,
-                    wanted,
-                    kinds=kinds,
-                    queue=settings.queue,
-                    lease_seconds=lease_seconds,
-                )
+                # The successes so far ride along: one round trip completes them and claims.
+                with completions.ride_along() as done:
+                    jobs = await self._queue.complete_and_claim(
+                        settings.worker_name,
+                        done,
+                        wanted,
+                        kinds=kinds,
+                        queue=settings.queue,
+                        lease_seconds=lease_seconds,
+                    )
             except QueueUnavailable as exc:
+                completions.expect_claims(False)  # no claim before the pause ends
                 await self._wait_out(outage, exc)
+                completions.expect_claims(True)
                 continue
             outage.reset()
             for job in jobs:
@@ -207,13 +221,17 @@ class Worker:
                 continue
             # The queue has nothing more to give right now.
             if until_idle:
-                if not self._running:
+                if not (self._running or completions.pending):
                     return
-                await self._job_ended()
+                # Claim again once a job ends (or now, to carry the last successes).
+                if self._running:
+                    await self._job_ended()
                 continue
             if jobs:
                 idle.reset()
+            completions.expect_claims(False)  # idle: no claim before jobs come
             await self._unless_stopped(self._queue.wait_for_jobs(settings.queue, idle.next()))
+            completions.expect_claims(True)
 
     async def _checkin(self, kinds: list[str]) -> None:
         """Tell the database which kinds this worker claims; never stops the worker."""
