@@ -12,10 +12,18 @@ until one of two calls takes it:
 Either way a success reaches the queue within about RIDE_ALONG seconds plus one round trip,
 long before the lease of its job (no longer renewed) can end.
 
-complete_many() answers which jobs it completed, so a job whose lease had been taken back
-meanwhile is counted and logged as lost; complete_and_claim() passes over a stale token
-silently, so the jobs it carries are counted done. Jobs whose claim fails go to run(), which
-retries them through an outage as every report does (backoff.report()).
+Results go with their jobs: in complete_and_claim()'s done_results, and alone with one
+complete() per job that has one (jobs without a result go together, with complete_many()).
+The worker checked each result's size (results.py), but the database measures the jsonb it
+stores, and refuses a whole claim whose result it finds over max_result_bytes. Then nothing
+was completed or claimed, and the claim's jobs are sent alone at once (ResultRefused tells the
+claim loop to claim again): only the job whose result is refused fails, with the database's
+measure as its error.
+
+complete_many() and complete() answer which jobs they completed, so a job whose lease had been
+taken back meanwhile is counted and logged as lost; complete_and_claim() passes over a stale
+token silently, so the jobs it carries are counted done. Jobs whose claim fails go to run(),
+which retries them through an outage as every report does (backoff.report()).
 """
 
 from __future__ import annotations
@@ -29,8 +37,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .backoff import report
+from .failures import report_failure
 from .logs import job_fields, ms_since
-from .queue_client import Job, QueueClient
+from .queue_client import Done, Job, JsonText, QueueClient, Refused, TooLarge
+from .results import STORE_ELSEWHERE
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +52,14 @@ RIDE_ALONG = 0.05
 
 @dataclass
 class _Done:
-    job: Job
+    done: Done
     started: float  # when its handler started (time.monotonic())
     added: float  # when it was handed in (time.monotonic())
+
+
+class ResultRefused(Exception):
+    """The database refused a result that rode along with a claim: nothing was completed or
+    claimed, and the claim's successes are being sent alone. Claim again."""
 
 
 class Completions:
@@ -53,6 +68,8 @@ class Completions:
         self._lease_seconds = lease_seconds
         self._counts = counts
         self._pending: list[_Done] = []
+        # Successes of a claim the database refused for a result: sent alone, at once.
+        self._alone: list[_Done] = []
         # Set when run() may have something to send now: add(), expect_claims(), close().
         self._changed = asyncio.Event()
         self._claims_expected = True
@@ -61,11 +78,12 @@ class Completions:
     @property
     def pending(self) -> int:
         """How many successes wait to be reported."""
-        return len(self._pending)
+        return len(self._pending) + len(self._alone)
 
-    def add(self, job: Job, started: float) -> None:
-        """Report `job` (whose handler started at `started`, a time.monotonic() reading) done."""
-        self._pending.append(_Done(job, started, time.monotonic()))
+    def add(self, job: Job, started: float, result: JsonText | None = None) -> None:
+        """Report `job` (whose handler started at `started`, a time.monotonic() reading) done,
+        with its `result` (checked by results.py)."""
+        self._pending.append(_Done(Done(job, result), started, time.monotonic()))
         if not self._claims_expected or len(self._pending) == 1:
             self._changed.set()
 
@@ -77,24 +95,39 @@ class Completions:
             self._changed.set()
 
     @contextlib.contextmanager
-    def ride_along(self) -> Iterator[list[Job]]:
+    def ride_along(self) -> Iterator[list[Done]]:
         """The successes waiting here (up to BATCH of them), for a claim that completes them
         (complete_and_claim): counted done when the block ends, handed back to run() to send
-        alone if it raises."""
+        alone if it raises. If the database refused one of their results, they are sent
+        alone at once, and ResultRefused is raised instead."""
         batch, self._pending[:BATCH] = self._pending[:BATCH], []
         try:
-            yield [done.job for done in batch]
-        except BaseException:
-            self._pending[:0] = batch
+            yield [entry.done for entry in batch]
+        except Refused as exc:
+            if not any(entry.done.result is not None for entry in batch):
+                self._hand_back(batch)
+                raise
+            self._alone.extend(batch)
             self._changed.set()
+            raise ResultRefused(str(exc)) from exc
+        except BaseException:
+            self._hand_back(batch)
             raise
         self._record(batch, None)
+
+    def _hand_back(self, batch: list[_Done]) -> None:
+        self._pending[:0] = batch
+        self._changed.set()
 
     async def run(self) -> None:
         """Send alone what no claim takes in time, until close() is called and everything
         handed in so far is reported."""
         try:
-            while self._pending or not self._closing:
+            while self._pending or self._alone or not self._closing:
+                if self._alone:
+                    batch, self._alone = self._alone, []
+                    await self._send(batch)
+                    continue
                 due_in = self._due_in()
                 if due_in is None or due_in > 0:
                     self._changed.clear()
@@ -120,7 +153,17 @@ class Completions:
         return self._pending[0].added + RIDE_ALONG - time.monotonic()
 
     async def _send(self, batch: list[_Done]) -> None:
-        jobs = [done.job for done in batch]
+        """Report `batch` done: the jobs without a result in one call, each other one in a
+        call of its own."""
+        plain = [entry for entry in batch if entry.done.result is None]
+        if plain:
+            await self._send_plain(plain)
+        await asyncio.gather(
+            *(self._send_result(entry) for entry in batch if entry.done.result is not None)
+        )
+
+    async def _send_plain(self, batch: list[_Done]) -> None:
+        jobs = [entry.done.job for entry in batch]
         try:
             completed = await report(
                 lambda: self._queue.complete_many(jobs), give_up_after=self._lease_seconds
@@ -134,19 +177,50 @@ class Completions:
             return
         self._record(batch, set(completed or ()))
 
+    async def _send_result(self, entry: _Done) -> None:
+        job, result = entry.done.job, entry.done.result
+        try:
+            completed = await report(
+                lambda: self._queue.complete(job, result), give_up_after=self._lease_seconds
+            )
+        except Refused as exc:
+            # Over max_result_bytes as the database measures it: the job fails for good.
+            error = f"the database refused the result: {exc}"
+            if isinstance(exc, TooLarge):
+                error = f"{exc.message}: {STORE_ELSEWHERE}"
+            await report_failure(
+                self._queue,
+                job,
+                error,
+                retryable=False,
+                started=entry.started,
+                counts=self._counts,
+                lease_seconds=self._lease_seconds,
+            )
+            return
+        except Exception as exc:
+            log.error(
+                "job outcome not recorded; the sweeper will retry the job when its lease ends",
+                exc_info=exc,
+                extra={"event": "job.unrecorded", **job_fields(job)},
+            )
+            return
+        self._record([entry], {job.id} if completed else set())
+
     def _record(self, batch: list[_Done], completed: set[int] | None) -> None:
         """Count and log the jobs of `batch`, reported; `completed`: the ids the queue said it
         completed, None when it does not say."""
         info = log.isEnabledFor(logging.INFO)
-        for done in batch:
-            ok = completed is None or done.job.id in completed
+        for entry in batch:
+            job = entry.done.job
+            ok = completed is None or job.id in completed
             self._counts["done" if ok else "lost"] += 1
             if info:
                 log.info(
                     "job done" if ok else "job done, but its lease had been lost",
                     extra={
                         "event": "job.done",
-                        "duration_ms": ms_since(done.started),
-                        **job_fields(done.job),
+                        "duration_ms": ms_since(entry.started),
+                        **job_fields(job),
                     },
                 )

@@ -2,26 +2,32 @@
 """One claimed job, from its claim to the outcome the queue records.
 
 The payload is validated with the handler's model, the handler runs in a task of its own, and
-the outcome goes back to the queue: success to the batched completions, a failure to fail()
-with the error (the queue decides between a retry with backoff and the dead letters), a job
-still running at shutdown to release().
+the outcome goes back to the queue: success, with the handler's result, to the batched
+completions; a failure to fail() with the error (the queue decides between a retry with
+backoff and the dead letters); a job still running at shutdown to release(). A result that
+is not JSON or is over max_result_bytes fails its job for good (results.py). The handler's
+progress reports go to the queue as it makes them, with the job's lock token.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import Counter
+from typing import Any
 
 from pydantic import ValidationError
 
 from .backoff import report
 from .completions import Completions
+from .failures import report_failure
 from .leases import LeaseKeeper
 from .logs import describe_exception, job_fields, ms_since
-from .queue_client import Job, QueueClient
+from .queue_client import Job, QueueClient, QueueUnavailable
 from .registry import JobInfo, PermanentError, Registration, describe_validation_error
+from .results import MAX_PROGRESS_BYTES, NotStorable, to_json_text
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +40,14 @@ class JobRunner:
         completions: Completions,
         counts: Counter[str],
         lease_seconds: int,
+        max_result_bytes: int,
     ) -> None:
         self._queue = queue
         self._keeper = keeper
         self._completions = completions
         self._counts = counts
         self._lease_seconds = lease_seconds
+        self._max_result_bytes = max_result_bytes
 
     def start(self, job: Job, registration: Registration, renew_at: float) -> asyncio.Task[None]:
         """Run `job` in a task of its own, its lease kept (renewed from `renew_at` on) and its
@@ -74,10 +82,17 @@ class JobRunner:
             await self._fail(job, error, retryable=False, started=started)
             return
 
-        info = JobInfo(job.id, job.kind, job.queue, job.attempts, job.max_attempts)
+        info = JobInfo(
+            job.id,
+            job.kind,
+            job.queue,
+            job.attempts,
+            job.max_attempts,
+            progress_reporter=functools.partial(self._report_progress, job),
+        )
         try:
             # No timer per job: the lease keeper cancels this task when its time is up.
-            await registration.func(payload, info)
+            returned = await registration.func(payload, info)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             reason = self._keeper.stopped_because(task) if task is not None else None
@@ -101,7 +116,34 @@ class JobRunner:
         except Exception as exc:
             await self._fail(job, describe_exception(exc), retryable=True, started=started)
             return
-        self._completions.add(job, started)
+        result = None
+        if returned is not None:
+            try:
+                result = to_json_text(
+                    returned,
+                    what=f"the result of job {job.id} ({job.kind!r})",
+                    limit=self._max_result_bytes,
+                    limit_name="max_result_bytes",
+                )
+            except NotStorable as exc:
+                await self._fail(job, str(exc), retryable=False, started=started)
+                return
+        self._completions.add(job, started, result)
+
+    async def _report_progress(self, job: Job, progress: Any) -> bool:
+        """JobInfo.report_progress() of `job`: False when its token is stale. Through an outage
+        the report is dropped (logged): progress is a hint, not worth failing the job for."""
+        text = to_json_text(
+            progress, what=f"the progress of job {job.id}", limit=MAX_PROGRESS_BYTES
+        )
+        try:
+            return await self._queue.progress(job, text)
+        except QueueUnavailable as exc:
+            log.warning(
+                "progress not reported: the queue is unavailable",
+                extra={"event": "job.progress_dropped", "error": str(exc), **job_fields(job)},
+            )
+            return True
 
     async def _release(self, job: Job) -> None:
         """Hand a job still running at shutdown back to the queue, so another worker runs it
@@ -114,19 +156,12 @@ class JobRunner:
         )
 
     async def _fail(self, job: Job, error: str, *, retryable: bool, started: float) -> None:
-        status = await report(
-            lambda: self._queue.fail(job, error, retryable=retryable),
-            give_up_after=self._lease_seconds,
-        )
-        outcome = {"queued": "retried", "failed": "dead"}.get(str(status), "lost")
-        self._counts[outcome] += 1
-        log.log(
-            logging.ERROR if outcome == "dead" else logging.WARNING,
-            "job failed",
-            extra={
-                "event": f"job.{outcome}",
-                "duration_ms": ms_since(started),
-                "error": error,
-                **job_fields(job),
-            },
+        await report_failure(
+            self._queue,
+            job,
+            error,
+            retryable=retryable,
+            started=started,
+            counts=self._counts,
+            lease_seconds=self._lease_seconds,
         )

@@ -9,8 +9,9 @@ generated with implements it, and its `open_queue(settings)` returns one.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NewType, Protocol
 from uuid import UUID
 
 from pydantic import BaseModel
@@ -20,8 +21,23 @@ class QueueUnavailable(Exception):
     """The database or the Data API cannot be reached right now; retry with backoff."""
 
 
-class ConfigRefused(ValueError):
+class Refused(ValueError):
+    """The database refused a call's arguments (a value out of range, a cron schedule pg_cron
+    cannot read, an unknown setting) and changed nothing; the message says what and why."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(f"{message} ({hint})" if hint else message)
+        self.message = message
+        self.hint = hint
+
+
+class ConfigRefused(Refused):
     """The database refused a configuration change; the message says which setting and why."""
+
+
+class TooLarge(Refused):
+    """The database refused a value over its size limit (SQLSTATE 54000): a result over
+    max_result_bytes, progress over 64 KiB, a payload over 1 MiB."""
 
 
 class Job(BaseModel):
@@ -56,6 +72,18 @@ class Job(BaseModel):
 
 _TOO_DEEP = "nested too deeply to decode (Python's json stops near 1,000 levels)"
 
+# A JSON document as compact text: how results and progress travel to the queue (results.py
+# makes it from a handler's value, and checks its size).
+JsonText = NewType("JsonText", str)
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """A job whose handler returned, and its result (None: the handler returned none)."""
+
+    job: Job
+    result: JsonText | None = None
+
 
 class NewJob(BaseModel):
     """One job for enqueue_many(); unset fields take the queue's defaults."""
@@ -67,9 +95,66 @@ class NewJob(BaseModel):
     queue: str | None = None
     priority: int | None = None
     max_attempts: int | None = None
+    concurrency_key: str | None = None
 
+
+# What enqueue() does when a live job already holds its idempotency key: `keep` it as it is,
+# `replace` a waiting job's payload, run_after, priority and max_attempts, or `debounce` (a
+# waiting job takes the new payload and the later run_after).
+OnConflict = Literal["keep", "replace", "debounce"]
+ON_CONFLICT: tuple[OnConflict, ...] = ("keep", "replace", "debounce")
 
 FailStatus = Literal["queued", "failed"]
+
+
+class JobState(BaseModel):
+    """One job as `job(id)` finds it, live or finished: its state, how far it got, what it
+    returned and its last error. Fields a finished job no longer has are None (a done job
+    keeps no payload; one kept by batch, no priority or max_attempts)."""
+
+    id: int
+    queue: str
+    kind: str
+    status: str
+    priority: int | None
+    attempts: int
+    max_attempts: int | None
+    payload: Any
+    progress: Any
+    result: Any
+    last_error: str | None
+    concurrency_key: str | None
+    idempotency_key: str | None
+    run_after: datetime | None
+    locked_until: datetime | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+class QueueState(BaseModel):
+    """A row of the `queue_states` view: a queue that has jobs, is paused or is rate-limited."""
+
+    queue: str
+    paused: bool
+    paused_at: datetime | None
+    rate_per_second: float | None
+    rate_burst: int | None
+    queued: int
+    running: int
+
+
+class Schedule(BaseModel):
+    """A row of the `schedules` view: a recurring job, with its pg_cron state and last run."""
+
+    name: str
+    cron: str
+    kind: str
+    payload: Any
+    queue: str
+    active: bool | None
+    last_run_at: datetime | None
+    last_run_status: str | None
+    created_at: datetime
 
 
 class QueueClient(Protocol):
@@ -85,8 +170,12 @@ class QueueClient(Protocol):
         idempotency_key: str | None = None,
         priority: int = 0,
         max_attempts: int | None = None,
+        concurrency_key: str | None = None,
+        on_conflict: OnConflict = "keep",
     ) -> int:
-        """Enqueue one job and return its id (the existing job's id for a taken key)."""
+        """Enqueue one job and return its id. With a taken idempotency key, the existing
+        job's id, the job kept or changed as `on_conflict` says. Jobs sharing a
+        `concurrency_key` run at most the key's limit at once (set_concurrency_limit())."""
         ...
 
     async def enqueue_many(self, jobs: list[NewJob]) -> list[int]:
@@ -96,21 +185,23 @@ class QueueClient(Protocol):
     async def complete_and_claim(
         self,
         worker: str,
-        done: list[Job],
+        done: list[Done],
         max_jobs: int,
         *,
         kinds: list[str],
         queue: str,
         lease_seconds: int,
     ) -> list[Job]:
-        """Mark the `done` jobs done (passing over any whose token is stale, silently) and
-        lease up to max_jobs runnable jobs of these kinds on a queue to `worker`, in one call
-        and one transaction; jobs of other kinds stay queued for the workers that handle
-        them. max_jobs 0 only completes."""
+        """Mark the `done` jobs done, storing their results (passing over any whose token is
+        stale, silently), and lease up to max_jobs runnable jobs of these kinds on a queue to
+        `worker`, in one call and one transaction; jobs of other kinds stay queued for the
+        workers that handle them. max_jobs 0 only completes. A result the database measures
+        over max_result_bytes raises TooLarge, and nothing is completed or claimed."""
         ...
 
-    async def complete(self, job: Job) -> bool:
-        """Mark one job done; False when its token is stale (the job was rescued or finished)."""
+    async def complete(self, job: Job, result: JsonText | None = None) -> bool:
+        """Mark one job done, storing its result; False when its token is stale (the job was
+        rescued or finished). TooLarge for a result over max_result_bytes."""
         ...
 
     async def complete_many(self, jobs: list[Job]) -> list[int]:
@@ -137,6 +228,15 @@ class QueueClient(Protocol):
         """Give a claimed job back to the queue without counting the attempt."""
         ...
 
+    async def progress(self, job: Job, progress: JsonText) -> bool:
+        """Store how far a running job got (JSON, up to 64 KiB); False when its token is stale
+        (another attempt owns the job now, or it was cancelled)."""
+        ...
+
+    async def job(self, job_id: int) -> JobState | None:
+        """One job by id, live or finished; None for an unknown id (or one pruned)."""
+        ...
+
     async def retry(self, job_id: int) -> bool:
         """Queue a dead-lettered or cancelled job again with fresh attempts."""
         ...
@@ -146,7 +246,57 @@ class QueueClient(Protocol):
         ...
 
     async def stats(self) -> list[dict[str, Any]]:
-        """Rows of the `stats` view: jobs per queue, kind and status."""
+        """Rows of the `stats` view: jobs per queue, kind and status, and whether the queue is
+        paused."""
+        ...
+
+    async def set_concurrency_limit(
+        self, concurrency_key: str, max_running: int | None
+    ) -> int | None:
+        """Let at most `max_running` jobs of a concurrency key run at once, across all workers;
+        None removes the key's own limit. Returns the limit now in force (None: no limit; a
+        key without its own has the configured default_concurrency_limit)."""
+        ...
+
+    async def pause(self, queue: str) -> bool:
+        """Stop claiming the queue's jobs (running ones finish); False if it was paused."""
+        ...
+
+    async def resume(self, queue: str) -> bool:
+        """Claim the queue's jobs again, and wake the workers; False if it was not paused."""
+        ...
+
+    async def set_rate_limit(
+        self, queue: str, per_second: float | None, burst: int | None = None
+    ) -> None:
+        """Start at most `per_second` jobs of the queue a second on average, and `burst` at
+        once (default: per_second rounded up); None removes the limit."""
+        ...
+
+    async def queue_states(self) -> list[QueueState]:
+        """Each queue that has jobs, is paused or is rate-limited (`queue_states`)."""
+        ...
+
+    async def schedule(
+        self,
+        name: str,
+        cron: str,
+        kind: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        queue: str = "default",
+    ) -> int:
+        """Enqueue a `kind` job on every `cron` slot (pg_cron syntax), one per slot, whatever
+        the overlaps and retries; scheduling a name again changes it. Returns pg_cron's job
+        id."""
+        ...
+
+    async def unschedule(self, name: str) -> bool:
+        """Stop a recurring job (its queued jobs stay); False when there was none."""
+        ...
+
+    async def schedules(self) -> list[Schedule]:
+        """The recurring jobs, by name."""
         ...
 
     async def dead_letters(self, limit: int = 50) -> list[dict[str, Any]]:

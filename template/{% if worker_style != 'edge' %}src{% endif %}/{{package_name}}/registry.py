@@ -6,7 +6,7 @@
 
 The payload model is the annotation of the handler's first parameter; the worker validates
 the job's payload with it before the handler runs (describe_validation_error() words what
-does not fit).
+does not fit). What the handler returns becomes the job's result (results.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import importlib
 import inspect
 import pkgutil
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar, get_type_hints
 
 from pydantic import BaseModel, ValidationError
@@ -23,15 +23,34 @@ from pydantic import BaseModel, ValidationError
 DEFAULT_TIMEOUT = 300.0
 
 
+# What JobInfo.report_progress() calls: stores the progress, answers whether the attempt still
+# owns the job.
+ProgressReporter = Callable[[Any], Awaitable[bool]]
+
+
 @dataclass(frozen=True)
 class JobInfo:
-    """What a handler may want to know about the job it runs."""
+    """What a handler may want to know about the job it runs, and how it reports progress."""
 
     id: int
     kind: str
     queue: str
     attempt: int
     max_attempts: int
+    # Set by the worker. A test that calls a handler directly may pass its own (one that
+    # records what is reported, say), or none: progress then goes nowhere.
+    progress_reporter: ProgressReporter | None = field(default=None, repr=False, compare=False)
+
+    async def report_progress(self, progress: Any) -> bool:
+        """Store how far the job got (a dict, list, str, number, bool or pydantic model; up to
+        64 KiB of JSON), replacing what was reported before: readable by job id while the job
+        runs (the command line's `job ID`, `queue.job(id)`). One round trip per call, so
+        report every second or so, not per item. Returns False when this attempt no longer
+        owns the job (it was cancelled, or its lease was lost): the handler may stop. Raises
+        ValueError for a value that is not JSON or too large."""
+        if self.progress_reporter is None:
+            return True
+        return await self.progress_reporter(progress)
 
 
 class PermanentError(Exception):
@@ -39,7 +58,8 @@ class PermanentError(Exception):
     410 Gone): the job goes to the dead letters at once instead of being retried."""
 
 
-HandlerFunc = Callable[[Any, JobInfo], Awaitable[None]]
+# A handler returns its job's result, or None.
+HandlerFunc = Callable[[Any, JobInfo], Awaitable[Any]]
 F = TypeVar("F", bound=HandlerFunc)
 
 

@@ -9,6 +9,9 @@
   lease keeper per worker renews the leases and enforces the timeouts of every job in hand
   (leases.py). Per job the worker does no round trip of its own, creates one task and no
   timer, so its cost per job stays small.
+- A handler's return value is its job's result: it rides along with the completion (a
+  result that is not JSON, or over the configured max_result_bytes, fails its job instead;
+  results.py). Handlers may report progress as they go (JobInfo.report_progress()).
 - Idle, the worker waits for a wake-up (LISTEN with the postgres transport) or polls with a
   growing pause; it never spins. A lost connection is retried with backoff.
 - stop() (SIGTERM/SIGINT): no more claims; running jobs get `shutdown_grace` seconds to
@@ -25,7 +28,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 from .backoff import MAX_OUTAGE_PAUSE, Backoff
-from .completions import Completions
+from .completions import Completions, ResultRefused
 from .job_runner import JobRunner
 from .leases import LeaseKeeper
 from .queue_client import Job, QueueClient, QueueUnavailable
@@ -40,6 +43,8 @@ _FIRST_IDLE_PAUSE = 0.1
 # How often a worker tells the database which kinds it claims (the `unclaimed` view counts a
 # worker seen in the last 10 minutes).
 _CHECKIN_INTERVAL = 60.0
+# The largest result a database whose configuration does not say stores (the most it allows).
+_MAX_RESULT_BYTES = 65536
 
 
 async def log_health(queue: QueueClient) -> None:
@@ -73,8 +78,9 @@ class Worker:
         self._handlers = handlers
         # Outcomes so far: done, retried, dead (dead-lettered), lost (lease lost), released.
         self.counts: Counter[str] = Counter()
-        # The lease, and what depends on it, is known once the first run() or drain() starts:
-        # WORKER_LEASE_SECONDS, or else the lease configured in the database.
+        # The lease and the result size limit, and what depends on them, are known once the
+        # first run() or drain() starts: WORKER_LEASE_SECONDS, or else the lease configured in
+        # the database, and the database's max_result_bytes.
         self._machinery: tuple[int, LeaseKeeper, Completions, JobRunner] | None = None
         self._next_checkin = 0.0
         self._running: dict[asyncio.Task[None], Job] = {}
@@ -118,12 +124,15 @@ class Worker:
 
     async def _loop(self, *, until_idle: bool) -> None:
         if self._machinery is None:
-            lease_seconds = await self._configured_lease()
-            if lease_seconds is None:
+            configured = await self._configuration()
+            if configured is None:
                 return  # stopped before the database answered
+            lease_seconds, max_result_bytes = configured
             keeper = LeaseKeeper(self._queue, lease_seconds)
             completions = Completions(self._queue, lease_seconds, self.counts)
-            runner = JobRunner(self._queue, keeper, completions, self.counts, lease_seconds)
+            runner = JobRunner(
+                self._queue, keeper, completions, self.counts, lease_seconds, max_result_bytes
+            )
             self._machinery = (lease_seconds, keeper, completions, runner)
         lease_seconds, keeper, completions, _ = self._machinery
         reporting = asyncio.create_task(completions.run(), name="completions")
@@ -141,12 +150,11 @@ class Worker:
             keeper.stop()
             await asyncio.gather(reporting, keeping)
 
-    async def _configured_lease(self) -> int | None:
-        """WORKER_LEASE_SECONDS, or else the lease configured in the database
-        (`<schema>.configure()`), read once: restart workers after `config set lease_seconds`.
+    async def _configuration(self) -> tuple[int, int] | None:
+        """The lease (WORKER_LEASE_SECONDS, or else the one configured in the database) and
+        max_result_bytes, from the database's configuration (`<schema>.configure()`), read
+        once: restart workers after `config set lease_seconds=...` or `max_result_bytes=...`.
         Retried with backoff while the queue is unavailable; None if stopped meanwhile."""
-        if self._settings.lease_seconds is not None:
-            return self._settings.lease_seconds
         outage = Backoff(0.5, MAX_OUTAGE_PAUSE)
         while not self._stopping.is_set():
             try:
@@ -154,13 +162,16 @@ class Worker:
             except QueueUnavailable as exc:
                 await self._wait_out(outage, exc)
                 continue
+            max_result_bytes = int(config.get("max_result_bytes", _MAX_RESULT_BYTES))
+            if self._settings.lease_seconds is not None:
+                return self._settings.lease_seconds, max_result_bytes
             lease_seconds = int(config["lease_seconds"])
             log.info(
                 "lease from the database configuration: %d s",
                 lease_seconds,
                 extra={"event": "worker.lease", "lease_seconds": lease_seconds},
             )
-            return lease_seconds
+            return lease_seconds, max_result_bytes
         return None
 
     async def _wait_out(self, outage: Backoff, exc: QueueUnavailable) -> None:
@@ -212,6 +223,14 @@ class Worker:
                 completions.expect_claims(False)  # no claim before the pause ends
                 await self._wait_out(outage, exc)
                 completions.expect_claims(True)
+                continue
+            except ResultRefused as exc:
+                # Nothing was completed or claimed; those jobs are being sent alone, so that
+                # only the job whose result the database refused fails.
+                log.warning(
+                    "a result was refused with the claim; claiming again",
+                    extra={"event": "worker.result_refused", "error": str(exc)},
+                )
                 continue
             outage.reset()
             for job in jobs:

@@ -1,0 +1,43 @@
+# Worker machinery: you should not need to edit this file (handlers live in handlers/).
+"""Failed attempts, reported to the queue (which retries the job later or dead-letters it),
+counted and logged."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+from .backoff import report
+from .logs import job_fields, ms_since
+from .queue_client import Job, QueueClient
+
+log = logging.getLogger(__name__)
+
+
+async def report_failure(
+    queue: QueueClient,
+    job: Job,
+    error: str,
+    *,
+    retryable: bool,
+    started: float,
+    counts: Counter[str],
+    lease_seconds: int,
+) -> None:
+    """Record a failed attempt of `job` (its handler started at `started`, a time.monotonic()
+    reading) with `error`; counted retried, dead, or lost when its token was stale."""
+    status = await report(
+        lambda: queue.fail(job, error, retryable=retryable), give_up_after=lease_seconds
+    )
+    outcome = {"queued": "retried", "failed": "dead"}.get(str(status), "lost")
+    counts[outcome] += 1
+    log.log(
+        logging.ERROR if outcome == "dead" else logging.WARNING,
+        "job failed",
+        extra={
+            "event": f"job.{outcome}",
+            "duration_ms": ms_since(started),
+            "error": error,
+            **job_fields(job),
+        },
+    )
