@@ -19,12 +19,13 @@ def enqueue(
     db: psycopg.Connection,
     kind: str = "e2e_probe",
     max_attempts: int | None = None,
+    concurrency_key: str | None = None,
     **payload: object,
 ) -> int:
     """pgqueue.enqueue() of one job; the probe handler's kind unless another is named."""
     row = db.execute(
-        "select pgqueue.enqueue(%s, %s, max_attempts => %s)",
-        (kind, Jsonb(payload), max_attempts),
+        "select pgqueue.enqueue(%s, %s, max_attempts => %s, concurrency_key => %s)",
+        (kind, Jsonb(payload), max_attempts, concurrency_key),
     ).fetchone()
     assert row is not None
     return row[0]
@@ -40,12 +41,21 @@ def job(db: psycopg.Connection, job_id: int) -> dict:
     return row
 
 
-def runs(log: Path, job_id: int) -> list[tuple[int, str]]:
-    """(attempt, "start"|"end") for each line the probe handler wrote for a job."""
+def probe_lines(log: Path) -> list[dict]:
+    """Each line the probe handler wrote: job_id, attempt, at ("start", "progress" or "end"),
+    t (its time.time()), and what else it recorded."""
     if not log.exists():
         return []
-    lines = [json.loads(line) for line in log.read_text().splitlines()]
-    return [(line["attempt"], line["at"]) for line in lines if line["job_id"] == job_id]
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def runs(log: Path, job_id: int) -> list[tuple[int, str]]:
+    """(attempt, "start"|"end") for each start and end the probe handler wrote for a job."""
+    return [
+        (line["attempt"], line["at"])
+        for line in probe_lines(log)
+        if line["job_id"] == job_id and line["at"] != "progress"
+    ]
 
 
 def wait_until(

@@ -1,10 +1,13 @@
-"""e2e_probe: records each run in a file; sleeps and fails on demand (template tests)."""
+"""e2e_probe: records each run in a file; sleeps, fails, reports progress and returns a result
+on demand (template tests)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -16,17 +19,27 @@ class Probe(BaseModel):
     sleep: float = 0
     sleep_first_attempt_only: bool = False
     error: str | None = None
+    # reported with job.report_progress() before the sleep, when given
+    progress: Any = None
+    # returned: the job's result
+    result: Any = None
+    # return NaN, which is not JSON
+    nan_result: bool = False
 
 
 @handler("e2e_probe", timeout=60)
-async def e2e_probe(payload: Probe, job: JobInfo) -> None:
-    def record(at: str) -> None:
+async def e2e_probe(payload: Probe, job: JobInfo) -> Any:
+    def record(at: str, **fields: object) -> None:
+        line = {"job_id": job.id, "attempt": job.attempt, "at": at, "t": time.time(), **fields}
         with Path(payload.log).open("a") as f:
-            f.write(json.dumps({"job_id": job.id, "attempt": job.attempt, "at": at}) + "\n")
+            f.write(json.dumps(line) + "\n")
 
     record("start")
+    if payload.progress is not None:
+        record("progress", reported=await job.report_progress(payload.progress))
     if payload.sleep and (job.attempt == 1 or not payload.sleep_first_attempt_only):
         await asyncio.sleep(payload.sleep)
     if payload.error:
         raise RuntimeError(payload.error)
     record("end")
+    return float("nan") if payload.nan_result else payload.result
