@@ -210,8 +210,10 @@ export class QueueError extends Error {
     readonly call: string,
     /** The SQLSTATE, or PostgREST's PGRST code; "" when the request never got an answer. */
     readonly code: string,
-    /** What the database (or the network) said, without the call and URL. */
+    /** What the database (or the network) said, without the call, URL or hint. */
     readonly reason: string,
+    /** The database's advice, if it gave any. */
+    readonly hint = "",
   ) {
     super(message);
   }
@@ -240,12 +242,13 @@ export function supabaseQueue(settings: QueueConnection): Queue {
 
   /** `name` is the function, e.g. "enqueue()", or the view read. */
   function failure(name: string, error: { message: string; code?: string; hint?: string }) {
-    const reason = error.message + (error.hint ? ` (hint: ${error.hint})` : "");
     return new QueueError(
-      `${settings.schema}.${name} failed through ${settings.supabaseUrl}: ${reason}`,
+      `${settings.schema}.${name} failed through ${settings.supabaseUrl}: ${error.message}` +
+        (error.hint ? ` (hint: ${error.hint})` : ""),
       name,
       error.code ?? "",
-      reason,
+      error.message,
+      error.hint ?? "",
     );
   }
 
