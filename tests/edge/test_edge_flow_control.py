@@ -14,12 +14,12 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from testkit.cluster import Cluster
 from testkit.postgrest import PostgRESTStandIn
 from testkit.stack import point_wake_ups
+from tests.support.jobs import job_by_id
 
 from .deno_worker import (
     Deno,
@@ -83,14 +83,6 @@ def enqueue_probes(
     return sorted(r[0] for r in rows)
 
 
-def job(db: psycopg.Connection, job_id: int) -> dict:
-    """pgqueue.job(id): the job, live or finished."""
-    with db.cursor(row_factory=dict_row) as cur:
-        row = cur.execute("select * from pgqueue.job(%s)", (job_id,)).fetchone()
-    assert row is not None, f"job({job_id}) found nothing"
-    return row
-
-
 # -- results and progress ---------------------------------------------------------------
 
 
@@ -107,8 +99,8 @@ def test_what_a_handler_returns_is_readable_by_job_id(
 
     wait_for_jobs(db, "status = 'done'", probe_worker)
 
-    assert job(db, with_result)["result"] == {"rows": 12, "file": "r.csv"}
-    assert job(db, without)["result"] is None
+    assert job_by_id(db, with_result)["result"] == {"rows": 12, "file": "r.csv"}
+    assert job_by_id(db, without)["result"] is None
     # The job with a result is kept one row per job; the other went with its batch.
     assert db.execute("select id from pgqueue.job_history").fetchall() == [(with_result,)]
     # And the queue client reads it by id.
@@ -130,16 +122,16 @@ def test_progress_is_readable_while_the_job_runs(
     )
 
     deadline = time.monotonic() + 10
-    while job(db, job_id)["progress"] is None:
+    while job_by_id(db, job_id)["progress"] is None:
         assert time.monotonic() < deadline, f"no progress reported:\n{probe_worker.output()}"
         time.sleep(0.02)
-    running = job(db, job_id)
+    running = job_by_id(db, job_id)
     assert (running["status"], running["progress"]) == ("running", {"done": 1, "of": 2})
     [read] = run_queue_client(deno, probe_function_dir, postgrest, [["job", job_id]])
     assert (read["ok"]["status"], read["ok"]["progress"]) == ("running", {"done": 1, "of": 2})
 
     wait_for_jobs(db, "status = 'done'", probe_worker)
-    done = job(db, job_id)
+    done = job_by_id(db, job_id)
     assert (done["progress"], done["result"]) == (None, "finished")
 
 
@@ -158,7 +150,7 @@ def test_a_result_too_big_fails_its_job_and_the_drain_goes_on(
 
     wait_for_jobs(db, "status in ('done', 'failed')", probe_worker)
 
-    refused = {r["id"]: r for r in map(lambda i: job(db, i), (too_long, zeros))}
+    refused = {r["id"]: r for r in map(lambda i: job_by_id(db, i), (too_long, zeros))}
     assert all((r["status"], r["attempts"]) == ("failed", 1) for r in refused.values())
     assert refused[too_long]["last_error"] == (
         f"ResultError: the handler's result is 70000 bytes of JSON; the limit is 65536 "
@@ -168,9 +160,9 @@ def test_a_result_too_big_fails_its_job_and_the_drain_goes_on(
         f"ResultError: the database refused the handler's result: the result of job {zeros} is "
     )
     assert "bytes; the limit is 65536 (max_result_bytes)" in refused[zeros]["last_error"]
-    assert job(db, first)["result"] == 1
-    assert len(job(db, fits)["result"]) == 59_998
-    assert (job(db, plain)["status"], job(db, plain)["result"]) == ("done", None)
+    assert job_by_id(db, first)["result"] == 1
+    assert len(job_by_id(db, fits)["result"]) == 59_998
+    assert (job_by_id(db, plain)["status"], job_by_id(db, plain)["result"]) == ("done", None)
     # One wake-up, which ran every job and ended because the queue was empty, not on an error.
     [summary] = wait_for_summaries(probe_worker, drains_before + 1)[drains_before:]
     assert (summary["stoppedBy"], summary["completed"], summary["deadLettered"]) == (
@@ -190,8 +182,8 @@ def test_the_function_applies_the_configured_max_result_bytes(
 
     wait_for_jobs(db, "status in ('done', 'failed')", probe_worker)
 
-    assert job(db, small)["result"] == {"ok": True}
-    assert job(db, large)["last_error"] == (
+    assert job_by_id(db, small)["result"] == {"ok": True}
+    assert job_by_id(db, large)["last_error"] == (
         f"ResultError: the handler's result is 101 bytes of JSON; the limit is 100 {TOO_BIG_TAIL}"
     )
 
@@ -212,7 +204,7 @@ def test_a_paused_queue_is_not_claimed_by_the_function(
 
     [summary] = wait_for_summaries(probe_worker, drains_before + 1)[drains_before:]
     assert (summary["claimed"], summary["stoppedBy"]) == (0, "empty")
-    assert [job(db, i)["status"] for i in ids] == ["queued", "queued"]
+    assert [job_by_id(db, i)["status"] for i in ids] == ["queued", "queued"]
     assert db.execute("select distinct paused from pgqueue.stats").fetchall() == [(True,)]
 
     # resume() wakes the workers, and the jobs run.
@@ -304,11 +296,11 @@ def test_the_queue_client_calls_each_function_of_the_contract(
                          {"kind": "probe", "payload": {"n": 2}}]],
     )  # fmt: skip
     assert first == replaced == kept
-    row = job(db, first)
+    row = job_by_id(db, first)
     assert (row["payload"], row["concurrency_key"], row["queue"]) == ({"v": 2}, "tenant-x", "other")
     assert (row["priority"], row["max_attempts"]) == (0, 2), "replace takes the new priority"
     assert row["run_after"].isoformat() == "2030-01-02T00:00:00+00:00"
-    assert [job(db, i)["concurrency_key"] for i in many] == ["tenant-y", None]
+    assert [job_by_id(db, i)["concurrency_key"] for i in many] == ["tenant-y", None]
 
     # Flow control, the views, the config, and errors that say what is wrong.
     answers = client(

@@ -40,6 +40,14 @@ def job(db: psycopg.Connection, job_id: int) -> dict:
     return row
 
 
+def job_by_id(db: psycopg.Connection, job_id: int) -> dict:
+    """pgqueue.job(id): the job, live or finished, with its progress and result."""
+    with db.cursor(row_factory=dict_row) as cur:
+        row = cur.execute("select * from pgqueue.job(%s)", (job_id,)).fetchone()
+    assert row is not None, f"job({job_id}) found nothing"
+    return row
+
+
 def runs(log: Path, job_id: int) -> list[tuple[int, str]]:
     """(attempt, "start"|"end") for each line the probe handler wrote for a job."""
     if not log.exists():
