@@ -10,11 +10,10 @@ from collections import Counter
 
 import psycopg
 import pytest
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from testkit.cluster import Cluster
-from tests.support.jobs import job
+from tests.support.jobs import job, job_by_id
 from tests.test_hot_path import complete_and_claim
 from tests.test_queue import enqueue_n
 
@@ -32,13 +31,6 @@ def flow(db: psycopg.Connection, config: dict) -> psycopg.Connection:
     clean()
     yield db
     clean()
-
-
-def one_job(db: psycopg.Connection, job_id: int) -> dict:
-    with db.cursor(row_factory=dict_row) as cur:
-        row = cur.execute("select * from pgqueue.job(%s)", (job_id,)).fetchone()
-    assert row is not None, f"job({job_id}) found nothing"
-    return row
 
 
 # -- concurrency keys -------------------------------------------------------------------
@@ -134,7 +126,7 @@ def test_a_retried_dead_letter_keeps_its_key(flow: psycopg.Connection) -> None:
     db.execute(
         "select pgqueue.fail(%s, %s, 'no', retryable => false)", (job_id, claimed["lock_token"])
     )
-    assert one_job(db, job_id)["concurrency_key"] == "k"
+    assert job_by_id(db, job_id)["concurrency_key"] == "k"
     db.execute("select pgqueue.retry(%s)", (job_id,))
     assert job(db, job_id)["concurrency_key"] == "k"
 
@@ -335,7 +327,7 @@ def test_results_and_progress_are_read_by_job_id(flow: psycopg.Connection) -> No
     assert db.execute(
         "select pgqueue.progress(%s, %s, %s)", (with_result, token, Jsonb({"done": 40}))
     ).fetchone() == (True,)
-    assert one_job(db, with_result)["progress"] == {"done": 40}
+    assert job_by_id(db, with_result)["progress"] == {"done": 40}
     assert db.execute(
         "select pgqueue.progress(%s, gen_random_uuid(), '{}')", (with_result,)
     ).fetchone() == (False,), "a stale token reports nothing"
@@ -347,9 +339,9 @@ def test_results_and_progress_are_read_by_job_id(flow: psycopg.Connection) -> No
             [Jsonb({"rows": 12}), None],
         ),
     )
-    done = one_job(db, with_result)
+    done = job_by_id(db, with_result)
     assert (done["status"], done["result"]) == ("done", {"rows": 12})
-    assert (one_job(db, without)["status"], one_job(db, without)["result"]) == ("done", None)
+    assert (job_by_id(db, without)["status"], job_by_id(db, without)["result"]) == ("done", None)
     assert db.execute("select count(*) from pgqueue.job(12345)").fetchone() == (0,)
 
 
@@ -364,4 +356,4 @@ def test_complete_stores_a_result_and_refuses_one_too_big(flow: psycopg.Connecti
     assert db.execute(
         "select pgqueue.complete(%s, %s, '\"ok\"')", (job_id, claimed["lock_token"])
     ).fetchone() == (True,)
-    assert one_job(db, job_id)["result"] == "ok"
+    assert job_by_id(db, job_id)["result"] == "ok"

@@ -184,11 +184,10 @@ def test_a_key_whose_job_finishes_while_an_enqueue_waits_on_it_is_not_doubled(
     assert db.execute("select count(*) from pgqueue.all_jobs").fetchone() == (1,)
 
 
-def test_no_statement_of_the_hot_path_scans_the_job_table(db: psycopg.Connection) -> None:
-    enqueue_n(db, 5_000)
-    enqueue_n(db, 5_000, queue="other", concurrency_key="k")  # keyed jobs elsewhere
-    db.execute("analyze pgqueue.jobs")
-    # more calls than plpgsql makes before it may switch to a cached generic plan
+def plans_of_a_steady_call(db: psycopg.Connection) -> str:
+    """The plans (auto_explain, nested statements included) of the statements on pgqueue.jobs
+    of one complete_and_claim() call made after eight others on the same connection: more
+    than plpgsql makes before it may switch to a cached generic plan."""
     batch: list[dict] = []
     for _ in range(8):
         batch = complete_and_claim(db, batch, max_jobs=100)
@@ -202,7 +201,14 @@ def test_no_statement_of_the_hot_path_scans_the_job_table(db: psycopg.Connection
         complete_and_claim(db, batch, max_jobs=100)
     finally:
         db.execute("reset client_min_messages; set auto_explain.log_min_duration = -1")
-    nested = "\n".join(p for p in plans if "pgqueue.jobs" in p)
+    return "\n".join(p for p in plans if "pgqueue.jobs" in p)
+
+
+def test_no_statement_of_the_hot_path_scans_the_job_table(db: psycopg.Connection) -> None:
+    enqueue_n(db, 5_000)
+    enqueue_n(db, 5_000, queue="other", concurrency_key="k")  # keyed jobs elsewhere
+    db.execute("analyze pgqueue.jobs")
+    nested = plans_of_a_steady_call(db)
     assert "Seq Scan" not in nested, nested
     assert "Index Scan using jobs_pkey" in nested, "completions find their jobs by id"
     assert "Index Scan using jobs_claim_idx" in nested, "claims take jobs in claim order"
@@ -240,21 +246,8 @@ def test_no_statement_of_a_keyed_claim_scans_the_job_table(db: psycopg.Connectio
     db.execute("select pgqueue.set_concurrency_limit('small-1', 2)")
     db.execute("analyze pgqueue.jobs")
     try:
-        batch: list[dict] = []
-        for _ in range(8):
-            batch = complete_and_claim(db, batch, max_jobs=100)
-        plans: list[str] = []
-        db.add_notice_handler(lambda notice: plans.append(notice.message_primary or ""))
-        db.execute(
-            "load 'auto_explain'; set auto_explain.log_min_duration = 0;"
-            " set auto_explain.log_nested_statements = on; set client_min_messages = log"
-        )
-        try:
-            complete_and_claim(db, batch, max_jobs=100)
-        finally:
-            db.execute("reset client_min_messages; set auto_explain.log_min_duration = -1")
+        nested = plans_of_a_steady_call(db)
     finally:
         db.execute("truncate pgqueue.concurrency_limits, pgqueue.running_keys")
-    nested = "\n".join(p for p in plans if "pgqueue.jobs" in p)
     assert "jobs_concurrency_idx" in nested and "jobs_claim_idx" in nested, nested
     assert "Seq Scan on jobs" not in nested, nested

@@ -4,6 +4,7 @@ itself under `deno run`, talking to the PostgREST stand-in (tests/conftest.py)."
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,6 +33,25 @@ def edge_project(template: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 @pytest.fixture(scope="session")
 def function_dir(edge_project: Path) -> Path:
     return edge_project / "supabase" / "functions" / FUNCTION
+
+
+@pytest.fixture(scope="session")
+def probe_function_dir(function_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the rendered function with the `probe` job kind (probe.ts) registered, and
+    the queue client's runner (queue_client.ts) next to its queue.ts."""
+    copy = tmp_path_factory.mktemp("probe") / FUNCTION
+    shutil.copytree(function_dir, copy)
+    here = Path(__file__).parent
+    shutil.copy(here / "probe.ts", copy / "handlers" / "probe.ts")
+    shutil.copy(here / "queue_client.ts", copy / "queue_client.ts")
+    handler_map = copy / "handlers" / "mod.ts"
+    entries = "export const handlers = {\n"
+    assert entries in handler_map.read_text(), "handlers/mod.ts changed shape: update this"
+    handler_map.write_text(
+        'import { probe } from "./probe.ts";\n'
+        + handler_map.read_text().replace(entries, entries + "  probe,\n")
+    )
+    return copy
 
 
 @pytest.fixture(scope="module")

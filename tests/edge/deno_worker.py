@@ -141,6 +141,27 @@ def start_edge_worker(
     return worker
 
 
+def run_queue_client(
+    deno: Deno, function_dir: Path, api: PostgRESTStandIn, calls: list[list]
+) -> list[dict]:
+    """Make `calls` ([method, *args] each) with the function's queue client (queue_client.ts,
+    in a copy of the function), against `api`; each call's answer, {"ok": ...} or
+    {"error": {...}}."""
+    proc = subprocess.run(
+        [deno.binary, "run", "--allow-net=127.0.0.1", "--allow-env", "queue_client.ts"],
+        cwd=function_dir,
+        env=deno.env(SUPABASE_URL=api.url, SUPABASE_SERVICE_ROLE_KEY=make_jwt("service_role")),
+        input="".join(json.dumps(call) + "\n" for call in calls),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, f"queue_client.ts exited {proc.returncode}:\n{proc.stderr}"
+    answers = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(answers) == len(calls), proc.stdout + proc.stderr
+    return answers
+
+
 def stop_edge_worker(worker: EdgeWorker) -> None:
     worker.process.terminate()
     try:

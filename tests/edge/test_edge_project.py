@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import tomllib
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 
 from testkit.project import choices, render, rendered_files
 
-from .deno_worker import Deno
+from .deno_worker import FUNCTION, Deno
 
 
 @pytest.mark.parametrize("style", choices("worker_style"))
@@ -82,6 +83,20 @@ def test_rendered_function_passes_its_own_checks(deno: Deno, function_dir: Path)
     output = deno.run("task", "test", cwd=function_dir)
     match = re.search(r"ok \| (\d+) passed \| 0 failed", output)
     assert match and int(match[1]) >= 20, output
+
+
+def test_the_readmes_queue_client_example_type_checks(
+    deno: Deno, function_dir: Path, tmp_path: Path
+) -> None:
+    # As another function next to this one would hold it.
+    functions = tmp_path / "functions"
+    shutil.copytree(function_dir, functions / FUNCTION)
+    readme = (function_dir / "README.md").read_text()
+    example = re.search(r"^## The queue client\n.*?^```ts\n(.*?)^```", readme, re.S | re.M)
+    assert example, "the README has no queue client example"
+    (functions / "example").mkdir()
+    (functions / "example" / "index.ts").write_text(example[1])
+    deno.run("check", "--config", f"{FUNCTION}/deno.json", "example/index.ts", cwd=functions)
 
 
 def test_answers_reach_the_function(template: Path, tmp_path: Path, deno: Deno) -> None:

@@ -41,6 +41,14 @@ def job(db: psycopg.Connection, job_id: int) -> dict:
     return row
 
 
+def job_by_id(db: psycopg.Connection, job_id: int) -> dict:
+    """pgqueue.job(id): the job, live or finished, with its progress and result."""
+    with db.cursor(row_factory=dict_row) as cur:
+        row = cur.execute("select * from pgqueue.job(%s)", (job_id,)).fetchone()
+    assert row is not None, f"job({job_id}) found nothing"
+    return row
+
+
 def probe_lines(log: Path) -> list[dict]:
     """Each line the probe handler wrote: job_id, attempt, at ("start", "progress" or "end"),
     t (its time.time()), and what else it recorded."""

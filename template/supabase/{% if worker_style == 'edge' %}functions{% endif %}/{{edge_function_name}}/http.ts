@@ -6,7 +6,7 @@
 // another one.
 import { bearerCheck } from "./auth.ts";
 import type { HandlerMap } from "./job.ts";
-import type { Queue } from "./queue.ts";
+import type { WorkerQueue } from "./queue.ts";
 import { FUNCTION_NAME, type Settings } from "./settings.ts";
 import {
   describe,
@@ -19,7 +19,7 @@ import {
 
 export interface WakeHandlerOptions {
   settings: Settings;
-  queue: Queue;
+  queue: WorkerQueue;
   handlers: HandlerMap;
   /**
    * Keeps the function alive until `work` settles. Defaults to the Edge runtime's

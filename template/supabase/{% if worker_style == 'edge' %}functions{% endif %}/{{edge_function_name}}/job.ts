@@ -1,6 +1,8 @@
-// Machinery: what a handler is. Handlers in handlers/ are built with defineHandler() and
-// may throw PermanentError; the worker (worker.ts) does the rest.
+// Machinery: what a handler is. Handlers in handlers/ are built with defineHandler(), may
+// return a result and report progress, and may throw PermanentError; the worker (worker.ts)
+// does the rest.
 import { z } from "zod";
+import type { Json } from "./queue.ts";
 
 /** The job a handler is running. */
 export interface Job {
@@ -10,6 +12,8 @@ export interface Job {
   /** 1 for the first attempt. */
   attempt: number;
   maxAttempts: number;
+  /** Jobs sharing a key run at most the key's limit at once (null: no key). */
+  concurrencyKey: string | null;
 }
 
 export interface JobContext {
@@ -20,6 +24,13 @@ export interface JobContext {
    * off by the Edge runtime.
    */
   signal: AbortSignal;
+  /**
+   * Stores how far the job got (JSON, up to 64 KiB), readable by job id while it runs
+   * (`job()`); each report replaces the one before. False when this attempt's lease was lost
+   * (the job was given to another worker): nothing was stored, and the job's outcome will not
+   * count either.
+   */
+  reportProgress(progress: Json): Promise<boolean>;
 }
 
 /**
@@ -30,11 +41,14 @@ export class PermanentError extends Error {
   override name = "PermanentError";
 }
 
-/** Runs one job; the payload is still unchecked JSON here. */
+/**
+ * Runs one job; the payload is still unchecked JSON here. What it returns is the job's result
+ * (JSON, up to `max_result_bytes`; undefined or null: none), stored when the job is done.
+ */
 export type JobHandler = (
   payload: unknown,
   context: JobContext,
-) => Promise<void>;
+) => Promise<unknown>;
 
 /** Job kind -> handler: the kinds this worker claims and how it runs them. */
 export type HandlerMap = Readonly<Record<string, JobHandler>>;
@@ -42,10 +56,11 @@ export type HandlerMap = Readonly<Record<string, JobHandler>>;
 /**
  * A handler for one job kind: the payload is validated with `schema` first, and a payload
  * that does not match fails the job for good, with zod's message as the job's last_error.
+ * What `run` returns becomes the job's result.
  */
-export function defineHandler<Schema extends z.ZodType>(
+export function defineHandler<Schema extends z.ZodType, Result>(
   schema: Schema,
-  run: (payload: z.output<Schema>, context: JobContext) => Promise<void> | void,
+  run: (payload: z.output<Schema>, context: JobContext) => Promise<Result> | Result,
 ): JobHandler {
   return async (payload, context) => {
     const parsed = schema.safeParse(payload);
@@ -54,6 +69,6 @@ export function defineHandler<Schema extends z.ZodType>(
         `invalid payload for ${context.job.kind}:\n${z.prettifyError(parsed.error)}`,
       );
     }
-    await run(parsed.data, context);
+    return await run(parsed.data, context);
   };
 }

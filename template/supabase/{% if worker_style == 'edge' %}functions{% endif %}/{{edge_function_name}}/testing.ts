@@ -1,20 +1,43 @@
 // Test helpers (used by the *_test.ts files only): an in-memory queue that follows the SQL
-// functions' rules for claims, leases, lock tokens and attempts, and a clock that tests move.
-import type { ClaimedJob, CompleteAndClaimOptions, FailOutcome, Queue } from "./queue.ts";
+// functions' rules for claims, leases, lock tokens, attempts, results and progress, a
+// handler's context for tests of one handler, and a clock that tests move.
+import type { Job, JobContext } from "./job.ts";
+import {
+  type Attempt,
+  type ClaimedJob,
+  type CompleteAndClaimOptions,
+  type DoneJob,
+  type FailOutcome,
+  type Json,
+  MAX_RESULT_BYTES,
+  QueueError,
+  TOO_BIG,
+  type WorkerQueue,
+} from "./queue.ts";
 
 export interface StoredJob extends ClaimedJob {
   status: "queued" | "running" | "done" | "failed";
   lastError: string | null;
   /** When it may be claimed (Date.now() milliseconds). */
   runAfter: number;
+  result: Json;
+  progress: Json;
 }
 
 /** A call of completeAndClaim(), with the ids of the jobs it completed. */
 export type Call = Omit<CompleteAndClaimOptions, "done"> & { done: number[] };
 
-export class MemoryQueue implements Queue {
+export class MemoryQueue implements WorkerQueue {
   jobs: StoredJob[] = [];
   calls: Call[] = [];
+  /** `max_result_bytes` in the database's config; undefined: reading it fails. */
+  resultLimit: number | undefined = MAX_RESULT_BYTES;
+  /**
+   * A result's size as the database measures it (as jsonb); by default its JSON text's.
+   * Tests make it larger to play a result that the worker's own check lets through.
+   */
+  storedBytes: (result: Json) => number = (result) =>
+    new TextEncoder().encode(JSON.stringify(result)).length;
   /** The lease configured in the database: what a claim without a lease gets. */
   leaseSeconds = 300;
   /** How long a retried job waits; the database's backoff is at least 2.5 s. */
@@ -22,7 +45,11 @@ export class MemoryQueue implements Queue {
   /** Called before each call, e.g. to move a fake clock on or to throw. */
   beforeCall: (call: Call) => void = () => {};
 
-  add(kind: string, payload: unknown = {}, options: { queue?: string; maxAttempts?: number } = {}) {
+  add(
+    kind: string,
+    payload: unknown = {},
+    options: { queue?: string; maxAttempts?: number; concurrencyKey?: string } = {},
+  ) {
     const job: StoredJob = {
       id: this.jobs.length + 1,
       queue: options.queue ?? "default",
@@ -33,9 +60,12 @@ export class MemoryQueue implements Queue {
       lock_token: "",
       locked_at: "",
       locked_until: "",
+      concurrency_key: options.concurrencyKey ?? null,
       status: "queued",
       lastError: null,
       runAfter: 0,
+      result: null,
+      progress: null,
     };
     this.jobs.push(job);
     return job;
@@ -51,12 +81,13 @@ export class MemoryQueue implements Queue {
   }
 
   completeAndClaim(options: CompleteAndClaimOptions): Promise<ClaimedJob[]> {
-    const call = { ...options, done: options.done.map((job) => job.id) };
+    const call = { ...options, done: options.done.map(({ job }) => job.id) };
     this.calls.push(call);
     this.beforeCall(call);
-    // One transaction: a stale token's job is left alone, then the next batch is claimed.
-    const done = options.done.map((job) => this.holder(job)).filter((job) => job !== undefined);
-    for (const job of done) job.status = "done";
+    // One transaction: a result too large refuses the whole call; a stale token's job is left
+    // alone; then the next batch is claimed.
+    for (const done of options.done) this.checkSize(done);
+    for (const { job: claimed, result } of options.done) this.finish(claimed, result);
     const claimed = this.jobs
       .filter((job) =>
         job.status === "queued" && job.runAfter <= Date.now() && job.queue === options.queue &&
@@ -75,6 +106,28 @@ export class MemoryQueue implements Queue {
     return Promise.resolve(claimed.map((job) => ({ ...job })));
   }
 
+  complete(attempt: Attempt, result: Json = null): Promise<boolean> {
+    try {
+      this.checkSize({ job: attempt as ClaimedJob, result });
+    } catch (error) {
+      return Promise.reject(error);
+    }
+    return Promise.resolve(this.finish(attempt, result));
+  }
+
+  progress(attempt: Attempt, progress: Json): Promise<boolean> {
+    const job = this.holder(attempt);
+    if (job !== undefined) job.progress = progress;
+    return Promise.resolve(job !== undefined);
+  }
+
+  maxResultBytes(): Promise<number> {
+    if (this.resultLimit === undefined) {
+      return Promise.reject(new Error("permission denied for table config"));
+    }
+    return Promise.resolve(this.resultLimit);
+  }
+
   checkins: { worker: string; queue: string; kinds: string[] }[] = [];
 
   checkin(worker: string, queue: string, kinds: string[]): Promise<void> {
@@ -91,12 +144,67 @@ export class MemoryQueue implements Queue {
     return Promise.resolve(job.status);
   }
 
+  /** complete_jobs()'s check: SQLSTATE 54000 for a result over the limit. */
+  private checkSize({ job, result }: DoneJob): void {
+    const bytes = result === null ? 0 : this.storedBytes(result);
+    const limit = this.resultLimit ?? MAX_RESULT_BYTES;
+    if (bytes > limit) {
+      const reason = `the result of job ${job.id} is ${bytes} bytes; the limit is ${limit} ` +
+        "(max_result_bytes)";
+      throw new QueueError(
+        `pgqueue.complete_jobs() failed: ${reason}`,
+        "complete()",
+        TOO_BIG,
+        reason,
+      );
+    }
+  }
+
+  /** Marks the job done with its result, if `claimed` still holds its lease. */
+  private finish(claimed: Attempt, result: Json): boolean {
+    const job = this.holder(claimed);
+    if (job === undefined) return false;
+    job.status = "done";
+    job.result = result;
+    job.progress = null;
+    return true;
+  }
+
   /** The stored job, if `claimed` still holds its lease. */
-  private holder(claimed: ClaimedJob): StoredJob | undefined {
+  private holder(claimed: Attempt): StoredJob | undefined {
     return this.jobs.find((job) =>
       job.id === claimed.id && job.status === "running" && job.lock_token === claimed.lock_token
     );
   }
+}
+
+/**
+ * A handler's context, for tests of one handler: job 42 of `kind` on its first attempt
+ * (`job` changes any of that), a signal that never aborts, and progress reports kept in
+ * `reported`.
+ */
+export function jobContext(
+  kind: string,
+  job: Partial<Job> = {},
+): JobContext & { reported: Json[] } {
+  const reported: Json[] = [];
+  return {
+    job: {
+      id: 42,
+      kind,
+      queue: "default",
+      attempt: 1,
+      maxAttempts: 5,
+      concurrencyKey: null,
+      ...job,
+    },
+    signal: new AbortController().signal,
+    reportProgress: (progress) => {
+      reported.push(progress);
+      return Promise.resolve(true);
+    },
+    reported,
+  };
 }
 
 /**

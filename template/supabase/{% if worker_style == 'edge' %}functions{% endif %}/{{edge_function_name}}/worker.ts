@@ -3,13 +3,22 @@
 // end; go on until the queues are empty, then linger: claim again every few tens of
 // milliseconds for a while, in case more jobs come, until the window passes with nothing to
 // do or the time budget is nearly spent. Completions that no claim took along are sent on
-// their own before the drain ends.
+// their own before the drain ends. What a handler returns rides along with its completion as
+// the job's result, once checked against the database's size limit.
 import type { HandlerMap, Job } from "./job.ts";
 import { PermanentError } from "./job.ts";
-import type { ClaimedJob, Queue } from "./queue.ts";
+import {
+  type ClaimedJob,
+  type DoneJob,
+  type Json,
+  MAX_RESULT_BYTES,
+  QueueError,
+  TOO_BIG,
+  type WorkerQueue,
+} from "./queue.ts";
 
 export interface DrainOptions {
-  queue: Queue;
+  queue: WorkerQueue;
   handlers: HandlerMap;
   /** Recorded on each claimed job (locked_by). */
   workerId: string;
@@ -43,7 +52,10 @@ export interface DrainSummary {
   completed: number;
   /** Failed attempts that go back to the queue after a backoff. */
   retried: number;
-  /** Failed attempts that moved their job to the dead letters. */
+  /**
+   * Failed attempts that moved their job to the dead letters (with a permanent error, a
+   * result too large to store, or their last attempt).
+   */
   deadLettered: number;
   /** Failed jobs whose lease was lost (rescued or cancelled) before they were reported. */
   stale: number;
@@ -116,7 +128,19 @@ export function startDrain(queues: readonly string[], options: DrainOptions): Dr
   let stopped = false;
   let interruptPause: AbortController | undefined;
   // Jobs that ran to the end, not yet reported: the next call takes them along.
-  let finished: ClaimedJob[] = [];
+  let finished: DoneJob[] = [];
+  // The largest result the database stores, read when a job first returns one.
+  let resultLimit: Promise<number> | undefined;
+  const maxResultBytes = () =>
+    resultLimit ??= options.queue.maxResultBytes().catch((error) => {
+      log({
+        event: "queue.error",
+        call: "config",
+        error: describe(error),
+        assumed: { max_result_bytes: MAX_RESULT_BYTES },
+      });
+      return MAX_RESULT_BYTES;
+    });
 
   function stop(reason: DrainSummary["stoppedBy"]): void {
     stopped = true;
@@ -125,20 +149,48 @@ export function startDrain(queues: readonly string[], options: DrainOptions): Dr
 
   /** Completes the finished jobs and claims up to `maxJobs` of `queue`, in one call. */
   async function completeAndClaim(queue: string, maxJobs: number): Promise<ClaimedJob[]> {
-    const reporting = finished;
-    const jobs = await options.queue.completeAndClaim({
-      worker: options.workerId,
-      done: reporting,
-      queue,
-      kinds,
-      maxJobs,
-      leaseSeconds: options.leaseSeconds,
-    });
+    const call = () =>
+      options.queue.completeAndClaim({
+        worker: options.workerId,
+        done: finished,
+        queue,
+        kinds,
+        maxJobs,
+        leaseSeconds: options.leaseSeconds,
+      });
+    let jobs: ClaimedJob[];
+    try {
+      jobs = await call();
+    } catch (error) {
+      if (!isTooBig(error) || !finished.some(({ result }) => result !== null)) throw error;
+      // The database measures a result as it stores it (jsonb), which can be larger than its
+      // JSON text (a long array of small numbers is), and then refuses the whole call. So
+      // the jobs with a result are reported one at a time, failing the ones refused, and the
+      // others go with the claim as usual.
+      await completeOneByOne();
+      jobs = await call();
+    }
     // Only now: if the call failed, they are still to report (again, which is harmless if
     // the call went through after all).
+    summary.completed += finished.length;
     finished = [];
-    summary.completed += reporting.length;
     return jobs;
+  }
+
+  async function completeOneByOne(): Promise<void> {
+    for (const done of finished.filter(({ result }) => result !== null)) {
+      try {
+        await options.queue.complete(done.job, done.result);
+        summary.completed += 1;
+      } catch (error) {
+        if (!isTooBig(error)) throw error;
+        const refused = new ResultError(
+          `the database refused the handler's result: ${(error as QueueError).reason}`,
+        );
+        await reportFailure(done.job, refused, { queue: options.queue, log, summary });
+      }
+      finished = finished.filter((other) => other !== done);
+    }
   }
 
   async function run(): Promise<void> {
@@ -177,7 +229,12 @@ export function startDrain(queues: readonly string[], options: DrainOptions): Dr
         // Handlers are stopped before the budget ends and before their lease does, so each
         // job is reported before the sweeper could hand it to another worker.
         const stopAt = Math.min(deadline, batchStarted + shortestLeaseMs(jobs) - LEASE_MARGIN_MS);
-        const ranToTheEnd = await runBatch(jobs, stopAt - now(), options, log, summary);
+        const ranToTheEnd = await runBatch(jobs, stopAt - now(), {
+          ...options,
+          maxResultBytes,
+          log,
+          summary,
+        });
         finished.push(...ranToTheEnd);
         slowestBatchMs = Math.max(slowestBatchMs, now() - batchStarted);
         // A full batch: more may wait. A short one with jobs to report: they go at once,
@@ -198,7 +255,7 @@ export function startDrain(queues: readonly string[], options: DrainOptions): Dr
       log({
         event: "queue.error",
         call: "complete_and_claim",
-        jobs: finished.map((job) => job.id),
+        jobs: finished.map(({ job }) => job.id),
         error: describe(error),
       });
     }
@@ -276,50 +333,82 @@ function abortableSleep(ms: number, signal: AbortSignal): Promise<void> {
   });
 }
 
-type Outcome = { job: ClaimedJob; error?: unknown };
+/**
+ * A result the database cannot store: not JSON, or over `max_result_bytes`. Running the job
+ * again would return the same, so its job goes to the dead letters at once.
+ */
+export class ResultError extends PermanentError {
+  override name = "ResultError";
+}
+
+function isTooBig(error: unknown): error is QueueError {
+  return error instanceof QueueError && error.code === TOO_BIG;
+}
+
+/** What a batch needs besides the drain's options. */
+interface BatchContext extends DrainOptions {
+  maxResultBytes: () => Promise<number>;
+  log: (event: LogEvent) => void;
+  summary: DrainSummary;
+}
+
+type Outcome = { job: ClaimedJob; ok: true; result: Json } | {
+  job: ClaimedJob;
+  ok: false;
+  error: unknown;
+};
 
 /** Runs the batch and reports its failures; returns the jobs that ran to the end. */
 async function runBatch(
   jobs: ClaimedJob[],
   timeLeftMs: number,
-  options: DrainOptions,
-  log: (event: LogEvent) => void,
-  summary: DrainSummary,
-): Promise<ClaimedJob[]> {
+  context: BatchContext,
+): Promise<DoneJob[]> {
   const limitMs = Math.max(Math.round(timeLeftMs), 0);
   const signal = AbortSignal.timeout(limitMs);
   const outcomes = await Promise.all(
-    jobs.map((job) => runJob(job, signal, limitMs, options.handlers, log)),
+    jobs.map((job) => runJob(job, signal, limitMs, context)),
   );
 
   // One failure at a time: each one is a single small UPDATE, and they are rare.
-  for (const { job, error } of outcomes) {
-    if (error === undefined) continue;
-    const retryable = !(error instanceof PermanentError);
-    try {
-      const status = await options.queue.fail(job, describe(error), retryable);
-      if (status === "queued") summary.retried += 1;
-      else if (status === "failed") summary.deadLettered += 1;
-      else summary.stale += 1;
-      log({
-        event: status === null ? "job.stale" : `job.${status}`,
-        ...describeJob(job),
-        error: describe(error, false),
-      });
-    } catch (queueError) {
-      summary.unreported += 1;
-      log({ event: "queue.error", call: "fail", error: describe(queueError) });
-    }
+  const done: DoneJob[] = [];
+  for (const outcome of outcomes) {
+    if (outcome.ok) done.push({ job: outcome.job, result: outcome.result });
+    else await reportFailure(outcome.job, outcome.error, context);
   }
-  return outcomes.filter((o) => o.error === undefined).map((o) => o.job);
+  return done;
+}
+
+/** fail()s the job: retried later, or dead-lettered when `error` is permanent. */
+async function reportFailure(
+  job: ClaimedJob,
+  error: unknown,
+  { queue, log, summary }: Pick<BatchContext, "queue" | "log" | "summary">,
+): Promise<void> {
+  const retryable = !(error instanceof PermanentError);
+  // The place a result was refused is the worker's, not the handler's: no stack.
+  const stored = describe(error, !(error instanceof ResultError));
+  try {
+    const status = await queue.fail(job, stored, retryable);
+    if (status === "queued") summary.retried += 1;
+    else if (status === "failed") summary.deadLettered += 1;
+    else summary.stale += 1;
+    log({
+      event: status === null ? "job.stale" : `job.${status}`,
+      ...describeJob(job),
+      error: describe(error, false),
+    });
+  } catch (queueError) {
+    summary.unreported += 1;
+    log({ event: "queue.error", call: "fail", error: describe(queueError) });
+  }
 }
 
 async function runJob(
   job: ClaimedJob,
   signal: AbortSignal,
   limitMs: number,
-  handlers: HandlerMap,
-  log: (event: LogEvent) => void,
+  { handlers, queue, maxResultBytes, log }: BatchContext,
 ): Promise<Outcome> {
   const started = performance.now();
   try {
@@ -332,19 +421,54 @@ async function runJob(
     }
     // A handler that ignores the signal is abandoned when it fires, so one stuck job
     // cannot keep the batch's other jobs from being reported.
-    await Promise.race([
-      handlers[job.kind](job.payload, { job: toJob(job), signal }),
+    const returned = await Promise.race([
+      handlers[job.kind](job.payload, {
+        job: toJob(job),
+        signal,
+        reportProgress: (progress) => queue.progress(job, progress),
+      }),
       abandonedWhenAborted(signal, limitMs),
     ]);
+    const result = await toResult(returned, maxResultBytes);
     log({
       event: "job.done",
       ...describeJob(job),
       ms: Math.round(performance.now() - started),
     });
-    return { job };
+    return { job, ok: true, result };
   } catch (error) {
-    return { job, error: error ?? new Error("handler threw no error value") };
+    return { job, ok: false, error: error ?? new Error("handler threw no error value") };
   }
+}
+
+/**
+ * What a handler returned, as the JSON stored as its job's result (null: none), or a
+ * ResultError that names what is wrong with it. The size is the JSON text's, in UTF-8 bytes;
+ * the database measures the stored jsonb and may still refuse a result that passed here
+ * (then the worker fails the job as well).
+ */
+async function toResult(returned: unknown, maxResultBytes: () => Promise<number>): Promise<Json> {
+  if (returned === undefined || returned === null) return null;
+  let text: string | undefined;
+  try {
+    text = JSON.stringify(returned);
+  } catch (error) {
+    throw new ResultError(`the handler's result is not JSON: ${describe(error, false)}`);
+  }
+  if (text === undefined) {
+    throw new ResultError(`the handler's result is not JSON: a ${typeof returned}`);
+  }
+  const limit = await maxResultBytes();
+  const bytes = new TextEncoder().encode(text).length;
+  if (bytes > limit) {
+    throw new ResultError(
+      `the handler's result is ${bytes} bytes of JSON; the limit is ${limit} ` +
+        "(max_result_bytes): return less, or store it elsewhere (e.g. Supabase Storage) " +
+        "and return a reference",
+    );
+  }
+  // Parsed back: the result as stored, detached from anything the handler still holds.
+  return JSON.parse(text);
 }
 
 function abandonedWhenAborted(signal: AbortSignal, limitMs: number): Promise<never> {
@@ -369,6 +493,7 @@ function toJob(job: ClaimedJob): Job {
     queue: job.queue,
     attempt: job.attempts,
     maxAttempts: job.max_attempts,
+    concurrencyKey: job.concurrency_key,
   };
 }
 

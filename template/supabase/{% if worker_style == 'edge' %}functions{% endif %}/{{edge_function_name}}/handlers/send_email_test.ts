@@ -1,11 +1,9 @@
 import assert from "node:assert/strict";
-import { type JobContext, PermanentError } from "../job.ts";
+import { PermanentError } from "../job.ts";
+import { jobContext } from "../testing.ts";
 import { sendEmail } from "./send_email.ts";
 
-const context: JobContext = {
-  job: { id: 1, kind: "send_email", queue: "default", attempt: 1, maxAttempts: 5 },
-  signal: new AbortController().signal,
-};
+const context = jobContext("send_email", { id: 1 });
 
 Deno.test("a well-formed email is accepted", async () => {
   await sendEmail({ to: "ada@example.com", subject: "Welcome", text: "Hello" }, context);

@@ -1,11 +1,9 @@
 import assert from "node:assert/strict";
-import { type JobContext, PermanentError } from "../job.ts";
+import { PermanentError } from "../job.ts";
+import { jobContext } from "../testing.ts";
 import { sendWebhook } from "./send_webhook.ts";
 
-const context: JobContext = {
-  job: { id: 42, kind: "send_webhook", queue: "default", attempt: 1, maxAttempts: 5 },
-  signal: new AbortController().signal,
-};
+const context = jobContext("send_webhook");
 
 interface Received {
   headers: Headers;

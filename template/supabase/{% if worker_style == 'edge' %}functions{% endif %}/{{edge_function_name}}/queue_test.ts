@@ -1,0 +1,253 @@
+import assert from "node:assert/strict";
+import { type ClaimedJob, type Json, QueueError, supabaseQueue } from "./queue.ts";
+
+interface Received {
+  method: string;
+  path: string;
+  schema: string | null;
+  body: unknown;
+}
+
+/**
+ * A Data API on 127.0.0.1 that records each request and answers with `answer(path)`: a body
+ * (200, JSON), or a Response.
+ */
+async function withApi(
+  answer: (path: string) => unknown,
+  test: (queue: ReturnType<typeof supabaseQueue>, got: Received[]) => Promise<void>,
+) {
+  const got: Received[] = [];
+  const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen() {} }, async (request) => {
+    const url = new URL(request.url);
+    const path = url.pathname.replace("/rest/v1/", "") + url.search;
+    got.push({
+      method: request.method,
+      path,
+      schema: request.headers.get("content-profile") ?? request.headers.get("accept-profile"),
+      body: request.method === "POST" ? await request.json() : null,
+    });
+    const body = answer(path);
+    if (body instanceof Response) return body;
+    return body === undefined
+      ? new Response(null, { status: 204 })
+      : Response.json(body, { status: 200 });
+  });
+  try {
+    await test(
+      supabaseQueue({
+        supabaseUrl: `http://127.0.0.1:${server.addr.port}`,
+        serviceKeys: ["service-key"],
+        schema: "jobs_schema",
+      }),
+      got,
+    );
+  } finally {
+    await server.shutdown();
+  }
+}
+
+const claimed: ClaimedJob = {
+  id: 7,
+  queue: "default",
+  kind: "ok",
+  payload: {},
+  attempts: 1,
+  max_attempts: 5,
+  lock_token: "0d6e2b1c-0000-4000-8000-000000000007",
+  locked_at: "2026-01-01T00:00:00Z",
+  locked_until: "2026-01-01T00:05:00Z",
+  concurrency_key: null,
+};
+
+Deno.test("each method calls its SQL function with its named arguments", async () => {
+  await withApi(() => 1, async (queue, got) => {
+    await queue.enqueue("send_email", { to: "a@example.com" });
+    await queue.enqueue("sync.crm", { account: 42 }, {
+      runAfter: new Date("2026-01-01T00:00:30Z"),
+      idempotencyKey: "sync:42",
+      queue: "crm",
+      priority: 5,
+      maxAttempts: 3,
+      concurrencyKey: "tenant-42",
+      onConflict: "debounce",
+    });
+    await queue.setConcurrencyLimit("tenant-42", 2);
+    await queue.setConcurrencyLimit("tenant-42", null);
+    await queue.pause("emails");
+    await queue.resume("emails");
+    await queue.setRateLimit("webhooks", 50, 100);
+    await queue.setRateLimit("webhooks", null);
+    await queue.schedule("nightly", "0 3 * * *", "report.nightly");
+    await queue.unschedule("nightly");
+    await queue.complete(claimed, { rows: 3 });
+    await queue.complete(claimed);
+    await queue.progress(claimed, { done: 1 });
+    await queue.configure({ max_result_bytes: 1024 });
+
+    assert.ok(got.every((request) => request.method === "POST"));
+    assert.ok(got.every((request) => request.schema === "jobs_schema"));
+    assert.deepEqual(got.map(({ path, body }) => [path, body]), [
+      ["rpc/enqueue", { kind: "send_email", payload: { to: "a@example.com" } }],
+      ["rpc/enqueue", {
+        kind: "sync.crm",
+        payload: { account: 42 },
+        run_after: "2026-01-01T00:00:30.000Z",
+        idempotency_key: "sync:42",
+        queue: "crm",
+        priority: 5,
+        max_attempts: 3,
+        concurrency_key: "tenant-42",
+        on_conflict: "debounce",
+      }],
+      ["rpc/set_concurrency_limit", { concurrency_key: "tenant-42", max_running: 2 }],
+      ["rpc/set_concurrency_limit", { concurrency_key: "tenant-42", max_running: null }],
+      ["rpc/pause", { queue: "emails" }],
+      ["rpc/resume", { queue: "emails" }],
+      ["rpc/set_rate_limit", { queue: "webhooks", per_second: 50, burst: 100 }],
+      ["rpc/set_rate_limit", { queue: "webhooks", per_second: null }],
+      ["rpc/schedule", {
+        name: "nightly",
+        cron: "0 3 * * *",
+        kind: "report.nightly",
+        payload: {},
+        queue: "default",
+      }],
+      ["rpc/unschedule", { name: "nightly" }],
+      ["rpc/complete", { job_id: 7, lock_token: claimed.lock_token, result: { rows: 3 } }],
+      ["rpc/complete", { job_id: 7, lock_token: claimed.lock_token, result: null }],
+      ["rpc/progress", { job_id: 7, lock_token: claimed.lock_token, progress: { done: 1 } }],
+      ["rpc/configure", { changes: { max_result_bytes: 1024 } }],
+    ]);
+  });
+});
+
+Deno.test("enqueueMany sends one array, each job's options under their SQL names", async () => {
+  await withApi(() => [11, 12], async (queue, got) => {
+    const ids = await queue.enqueueMany([
+      { kind: "send_email" },
+      { kind: "sync.crm", payload: { account: 7 }, concurrencyKey: "tenant-7", priority: 1 },
+    ]);
+
+    assert.deepEqual(ids, [11, 12]);
+    assert.deepEqual(got[0].body, {
+      jobs: [
+        { kind: "send_email" },
+        { kind: "sync.crm", payload: { account: 7 }, priority: 1, concurrency_key: "tenant-7" },
+      ],
+    });
+  });
+});
+
+Deno.test("results go with completions only when a job has one", async () => {
+  const row = { ...claimed, id: 8 } as Partial<ClaimedJob>;
+  delete row.queue;
+  await withApi(() => [row], async (queue, got) => {
+    const claim = { worker: "w", queue: "mail", kinds: ["ok"], maxJobs: 10 };
+    const jobs = await queue.completeAndClaim({ ...claim, done: [{ job: claimed, result: null }] });
+    await queue.completeAndClaim({
+      ...claim,
+      done: [{ job: claimed, result: null }, { job: { ...claimed, id: 9 }, result: [1] }],
+    });
+
+    assert.deepEqual(jobs, [{ ...row, queue: "mail" }], "each row says which queue it is from");
+    assert.deepEqual(got.map(({ body }) => body), [
+      {
+        worker: "w",
+        done_ids: [7],
+        done_tokens: [claimed.lock_token],
+        max_jobs: 10,
+        kinds: ["ok"],
+        queue: "mail",
+      },
+      {
+        worker: "w",
+        done_ids: [7, 9],
+        done_tokens: [claimed.lock_token, claimed.lock_token],
+        max_jobs: 10,
+        kinds: ["ok"],
+        queue: "mail",
+        done_results: [null, [1]],
+      },
+    ]);
+  });
+});
+
+Deno.test("job() is the row, or null for an unknown id", async () => {
+  const row = { id: 5, status: "done", result: { rows: 1 } };
+  await withApi((path) => path.includes("rpc/job") ? [row] : [], async (queue, got) => {
+    assert.deepEqual(await queue.job(5), row);
+    assert.deepEqual(got[0].body, { job_id: 5 });
+  });
+  await withApi(() => [], async (queue) => {
+    assert.equal(await queue.job(404), null);
+  });
+});
+
+Deno.test("views and the config are read with GET", async () => {
+  await withApi(
+    (path) => path.startsWith("config") ? [{ max_result_bytes: 4096 }] : [{ queue: "default" }],
+    async (queue, got) => {
+      assert.deepEqual(await queue.stats(), [{ queue: "default" }]);
+      await queue.queueStates();
+      await queue.schedules();
+      assert.equal(await queue.maxResultBytes(), 4096);
+
+      assert.deepEqual(got.map(({ method, path, schema }) => [method, path, schema]), [
+        ["GET", "stats?select=*", "jobs_schema"],
+        ["GET", "queue_states?select=*", "jobs_schema"],
+        ["GET", "schedules?select=*", "jobs_schema"],
+        ["GET", "config?select=max_result_bytes", "jobs_schema"],
+      ]);
+    },
+  );
+});
+
+Deno.test("a database error is a QueueError naming the call, its SQLSTATE and the hint", async () => {
+  const refused = Response.json({
+    code: "54000",
+    details: null,
+    hint: "Fail the job instead.",
+    message: "the result of job 7 is 70012 bytes; the limit is 65536 (max_result_bytes)",
+  }, { status: 500 });
+  await withApi(() => refused, async (queue) => {
+    const error = await queue.complete(claimed, "x".repeat(70000)).catch((e) => e);
+    assert.ok(error instanceof QueueError);
+    assert.equal(error.call, "complete()");
+    assert.equal(error.code, "54000");
+    assert.equal(
+      error.reason,
+      "the result of job 7 is 70012 bytes; the limit is 65536 (max_result_bytes)",
+    );
+    assert.equal(error.hint, "Fail the job instead.");
+    assert.match(
+      error.message,
+      /^jobs_schema\.complete\(\) failed through http:\/\/127\.0\.0\.1:\d+: the result of job 7 is 70012 bytes; the limit is 65536 \(max_result_bytes\) \(hint: Fail the job instead\.\)$/,
+    );
+  });
+});
+
+Deno.test("a value JSON cannot carry is a QueueError, before anything is sent", async () => {
+  const node: Record<string, unknown> = {};
+  node.self = node;
+  await withApi(() => 1, async (queue, got) => {
+    await assert.rejects(
+      queue.enqueue("ok", node as Json),
+      (error) => error instanceof QueueError && /enqueue\(\) failed .*circular/.test(error.message),
+    );
+    assert.equal(got.length, 0);
+  });
+});
+
+Deno.test("a concurrency key the database would refuse is refused here, saying why", async () => {
+  await withApi(() => 1, async (queue, got) => {
+    for (const key of ["", "k".repeat(201)]) {
+      await assert.rejects(
+        queue.enqueue("ok", {}, { concurrencyKey: key }),
+        /a concurrency key is 1 to 200 characters, got "k*"/,
+      );
+    }
+    // 200 characters, however many UTF-16 units: as Postgres counts.
+    await queue.enqueue("ok", {}, { concurrencyKey: "😀".repeat(200) });
+    assert.equal(got.length, 1);
+  });
+});
