@@ -16,11 +16,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from psycopg.rows import dict_row
 
 from testkit.cluster import Cluster
 from testkit.project import PYTHON_VARIANTS, run
-from tests.support.jobs import enqueue, job, probe_lines, runs, wait_until
+from tests.support.jobs import enqueue, job, job_by_id, probe_lines, runs, wait_until
 from tests.support.workers import PACKAGE, SCRIPT, Installed, Workers, wake_to
 
 
@@ -40,17 +39,9 @@ def flow(db: psycopg.Connection) -> Iterator[psycopg.Connection]:
     clean()
 
 
-def state(db: psycopg.Connection, job_id: int) -> dict:
-    """pgqueue.job(id): the job's state, progress, result and last error."""
-    with db.cursor(row_factory=dict_row) as cur:
-        row = cur.execute("select * from pgqueue.job(%s)", (job_id,)).fetchone()
-    assert row is not None, f"job({job_id}) found nothing"
-    return row
-
-
 def until_finished(db: psycopg.Connection, job_id: int, timeout: float = 20) -> dict:
     return wait_until(
-        lambda: (row := state(db, job_id))["status"] in ("done", "failed") and row,
+        lambda: (row := job_by_id(db, job_id))["status"] in ("done", "failed") and row,
         timeout,
         what=f"job {job_id} to finish",
     )
@@ -78,7 +69,7 @@ def test_a_handlers_result_and_progress_are_read_by_job_id(
     job_id = enqueue(db, log=str(log), progress={"done": 1, "of": 2}, sleep=2, result=result)
 
     running = wait_until(
-        lambda: (row := state(db, job_id))["progress"] is not None and row,
+        lambda: (row := job_by_id(db, job_id))["progress"] is not None and row,
         what="the progress to be reported",
     )
     assert (running["status"], running["progress"], running["result"]) == (
@@ -93,7 +84,7 @@ def test_a_handlers_result_and_progress_are_read_by_job_id(
 
     # a handler that returns nothing stores no result
     quiet = enqueue(db, log=str(log))
-    assert (until_finished(db, quiet)["status"], state(db, quiet)["result"]) == ("done", None)
+    assert (until_finished(db, quiet)["status"], job_by_id(db, quiet)["result"]) == ("done", None)
     assert worker.proc.poll() is None
 
 
