@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal, NewType, Protocol
+from typing import Any, Literal, NewType, Protocol, get_args
 from uuid import UUID
 
 from pydantic import BaseModel
@@ -102,7 +102,7 @@ class NewJob(BaseModel):
 # `replace` a waiting job's payload, run_after, priority and max_attempts, or `debounce` (a
 # waiting job takes the new payload and the later run_after).
 OnConflict = Literal["keep", "replace", "debounce"]
-ON_CONFLICT: tuple[OnConflict, ...] = ("keep", "replace", "debounce")
+ON_CONFLICT: tuple[OnConflict, ...] = get_args(OnConflict)
 
 FailStatus = Literal["queued", "failed"]
 
