@@ -138,6 +138,7 @@ def test_a_retried_dead_letter_keeps_its_key(flow: psycopg.Connection) -> None:
         ("set_concurrency_limit(null, 1)", "set_concurrency_limit needs a concurrency key"),
         ("pause('')", "pause needs a queue name"),
         ("set_rate_limit('q', 0, 1)", "a rate limit needs per_second > 0 and burst >= 1"),
+        ("set_rate_limit('q', 'NaN', 1)", "a rate limit needs per_second > 0 and burst >= 1"),
         ("enqueue('k', on_conflict => 'merge')", "on_conflict must be keep, replace or debounce"),
     ],
 )
