@@ -53,7 +53,7 @@ const claimed: ClaimedJob = {
   payload: {},
   attempts: 1,
   max_attempts: 5,
-  lock_token: "0d6e2b1c-0000-4000-8000-000000000007",
+  lock_token: crypto.randomUUID(),
   locked_at: "2026-01-01T00:00:00Z",
   locked_until: "2026-01-01T00:05:00Z",
   concurrency_key: null,
