@@ -13,7 +13,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from testkit.cluster import Cluster
-from tests.support.jobs import job, job_by_id
+from tests.support.jobs import job, job_by_id, running_of_key
 from tests.test_hot_path import complete_and_claim
 from tests.test_queue import enqueue_n
 
@@ -43,20 +43,9 @@ def test_no_more_than_a_keys_limit_run_at_once_across_concurrent_claimers(
     assert db.execute("select pgqueue.set_concurrency_limit('tenant-a', 3)").fetchone() == (3,)
     keyed = enqueue_n(db, 240, concurrency_key="tenant-a")
     other = enqueue_n(db, 240)
-    seen_running: list[int] = []
     completed: Counter[int] = Counter()
     errors: list[BaseException] = []
-    stop = threading.Event()
     lock = threading.Lock()
-
-    def audit() -> None:
-        with stack.connect(autocommit=True) as conn:
-            while not stop.is_set():
-                (running,) = conn.execute(
-                    "select count(*) from pgqueue.jobs"
-                    " where concurrency_key = 'tenant-a' and status = 'running'"
-                ).fetchone()
-                seen_running.append(running)
 
     def claimer(n: int) -> None:
         try:
@@ -77,15 +66,12 @@ def test_no_more_than_a_keys_limit_run_at_once_across_concurrent_claimers(
         except BaseException as exc:
             errors.append(exc)
 
-    auditor = threading.Thread(target=audit)
-    auditor.start()
-    threads = [threading.Thread(target=claimer, args=(n,)) for n in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    stop.set()
-    auditor.join()
+    with running_of_key(stack, "tenant-a", every=0) as seen_running:
+        threads = [threading.Thread(target=claimer, args=(n,)) for n in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
     assert not errors
     assert sorted(completed) == sorted(keyed + other) and set(completed.values()) == {1}
     assert max(seen_running) <= 3, "the audit saw more running than the key's limit"

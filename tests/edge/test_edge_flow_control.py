@@ -7,7 +7,6 @@ SQL contract through the PostgREST stand-in."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ from psycopg.types.json import Jsonb
 from testkit.cluster import Cluster
 from testkit.postgrest import PostgRESTStandIn
 from testkit.stack import point_wake_ups
-from tests.support.jobs import job_by_id
+from tests.support.jobs import job_by_id, running_of_key
 
 from .deno_worker import (
     Deno,
@@ -231,30 +230,13 @@ def test_a_concurrency_limit_holds_across_two_function_instances(
         "PGQUEUE_LINGER_POLL_MS": "20",
     }
     workers = [start_edge_worker(deno, probe_function_dir, postgrest, **settings) for _ in range(2)]
-    samples: list[int] = []
-    sampling = threading.Event()
-
-    def sample() -> None:
-        with stack.connect(autocommit=True) as conn:
-            while not sampling.is_set():
-                (running,) = conn.execute(
-                    "select count(*) from pgqueue.jobs"
-                    " where status = 'running' and concurrency_key = 'tenant-a'"
-                ).fetchone()
-                samples.append(running)
-                time.sleep(0.005)
-
-    sampler = threading.Thread(target=sample, name="running jobs sampler")
     try:
         ids = enqueue_probes(db, *[{"holdMs": 200}] * 12, concurrency_key="tenant-a")
-        sampler.start()
-        for worker in workers:
-            wake(worker)
-        wait_for_jobs(db, "status = 'done'", workers[0], timeout=60)
+        with running_of_key(stack, "tenant-a") as samples:
+            for worker in workers:
+                wake(worker)
+            wait_for_jobs(db, "status = 'done'", workers[0], timeout=60)
     finally:
-        sampling.set()
-        if sampler.is_alive():
-            sampler.join()
         for worker in workers:
             stop_edge_worker(worker)
 

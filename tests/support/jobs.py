@@ -4,8 +4,10 @@ and wait for a condition."""
 from __future__ import annotations
 
 import json
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,8 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
+
+from testkit.cluster import Cluster
 
 
 def enqueue(
@@ -83,3 +87,32 @@ def wait_until(
         if tick is not None:
             tick()
         time.sleep(interval)
+
+
+@contextmanager
+def running_of_key(cluster: Cluster, key: str, every: float = 0.005) -> Iterator[list[int]]:
+    """For as long as the block runs, count from a connection of its own how many jobs of
+    concurrency key `key` are running, every `every` seconds (0: back to back). Yields the
+    list the counts go into."""
+    samples: list[int] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        with cluster.connect(autocommit=True) as conn:
+            while not stop.is_set():
+                (running,) = conn.execute(
+                    "select count(*) from pgqueue.jobs"
+                    " where concurrency_key = %s and status = 'running'",
+                    (key,),
+                ).fetchone()
+                samples.append(running)
+                if every:
+                    time.sleep(every)
+
+    sampler = threading.Thread(target=sample, name=f"running jobs of {key}")
+    sampler.start()
+    try:
+        yield samples
+    finally:
+        stop.set()
+        sampler.join()

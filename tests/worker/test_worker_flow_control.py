@@ -8,7 +8,6 @@ import json
 import os
 import re
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from itertools import pairwise
@@ -19,7 +18,15 @@ import pytest
 
 from testkit.cluster import Cluster
 from testkit.project import PYTHON_VARIANTS, run
-from tests.support.jobs import enqueue, job, job_by_id, probe_lines, runs, wait_until
+from tests.support.jobs import (
+    enqueue,
+    job,
+    job_by_id,
+    probe_lines,
+    running_of_key,
+    runs,
+    wait_until,
+)
 from tests.support.workers import PACKAGE, SCRIPT, Installed, Workers, wake_to
 
 
@@ -158,22 +165,7 @@ def test_a_concurrency_limit_holds_across_worker_processes(
     started(installed, workers, db, service_role_key, WORKER_NAME="first")
     workers.start(WORKER_NAME="second")  # polls (HTTP: wake-ups go to the first)
     log = tmp_path / "runs.jsonl"
-    samples: list[int] = []
-    stop = threading.Event()
-
-    def audit() -> None:
-        with stack.connect(autocommit=True) as conn:
-            while not stop.is_set():
-                (running,) = conn.execute(
-                    "select count(*) from pgqueue.jobs"
-                    " where concurrency_key = 'e2e-tenant' and status = 'running'"
-                ).fetchone()
-                samples.append(running)
-                time.sleep(0.005)
-
-    auditor = threading.Thread(target=audit)
-    auditor.start()
-    try:
+    with running_of_key(stack, "e2e-tenant") as samples:
         with db.transaction():
             keyed = [
                 enqueue(db, log=str(log), sleep=0.3, concurrency_key="e2e-tenant") for _ in range(6)
@@ -181,9 +173,6 @@ def test_a_concurrency_limit_holds_across_worker_processes(
             free = [enqueue(db, log=str(log), sleep=0.3) for _ in range(6)]
         for job_id in keyed + free:
             assert until_finished(db, job_id, timeout=30)["status"] == "done"
-    finally:
-        stop.set()
-        auditor.join()
 
     assert max(samples) == 1, f"{max(samples)} jobs of the key ran at once"
     assert len(samples) > 100
