@@ -32,13 +32,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .backoff import report
 from .failures import report_failure
 from .logs import job_fields, ms_since
+from .metrics import WorkerMetrics
 from .queue_client import Done, Job, JsonText, QueueClient, Refused, TooLarge
 from .results import STORE_ELSEWHERE
 
@@ -63,10 +63,10 @@ class ResultRefused(Exception):
 
 
 class Completions:
-    def __init__(self, queue: QueueClient, lease_seconds: int, counts: Counter[str]) -> None:
+    def __init__(self, queue: QueueClient, lease_seconds: int, metrics: WorkerMetrics) -> None:
         self._queue = queue
         self._lease_seconds = lease_seconds
-        self._counts = counts
+        self._metrics = metrics
         self._pending: list[_Done] = []
         # Successes of a claim the database refused for a result: sent alone, at once.
         self._alone: list[_Done] = []
@@ -194,7 +194,7 @@ class Completions:
                 error,
                 retryable=False,
                 started=entry.started,
-                counts=self._counts,
+                metrics=self._metrics,
                 lease_seconds=self._lease_seconds,
             )
             return
@@ -214,7 +214,7 @@ class Completions:
         for entry in batch:
             job = entry.done.job
             ok = completed is None or job.id in completed
-            self._counts["done" if ok else "lost"] += 1
+            self._metrics.finished(job, "done" if ok else "lost")
             if info:
                 log.info(
                     "job done" if ok else "job done, but its lease had been lost",

@@ -5,10 +5,10 @@ counted and logged."""
 from __future__ import annotations
 
 import logging
-from collections import Counter
 
 from .backoff import report
 from .logs import job_fields, ms_since
+from .metrics import Outcome, WorkerMetrics
 from .queue_client import Job, QueueClient
 
 log = logging.getLogger(__name__)
@@ -21,7 +21,7 @@ async def report_failure(
     *,
     retryable: bool,
     started: float,
-    counts: Counter[str],
+    metrics: WorkerMetrics,
     lease_seconds: int,
 ) -> None:
     """Record a failed attempt of `job` (its handler started at `started`, a time.monotonic()
@@ -29,8 +29,8 @@ async def report_failure(
     status = await report(
         lambda: queue.fail(job, error, retryable=retryable), give_up_after=lease_seconds
     )
-    outcome = {"queued": "retried", "failed": "dead"}.get(str(status), "lost")
-    counts[outcome] += 1
+    outcome: Outcome = "retried" if status == "queued" else "dead" if status == "failed" else "lost"
+    metrics.finished(job, outcome)
     log.log(
         logging.ERROR if outcome == "dead" else logging.WARNING,
         "job failed",

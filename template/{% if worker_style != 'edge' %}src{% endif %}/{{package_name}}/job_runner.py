@@ -15,7 +15,6 @@ import asyncio
 import functools
 import logging
 import time
-from collections import Counter
 from typing import Any
 
 from pydantic import ValidationError
@@ -25,6 +24,7 @@ from .completions import Completions
 from .failures import report_failure
 from .leases import LeaseKeeper
 from .logs import describe_exception, job_fields, ms_since
+from .metrics import WorkerMetrics
 from .queue_client import Job, QueueClient, QueueUnavailable
 from .registry import JobInfo, PermanentError, Registration, describe_validation_error
 from .results import MAX_PROGRESS_BYTES, NotStorable, to_json_text
@@ -38,14 +38,14 @@ class JobRunner:
         queue: QueueClient,
         keeper: LeaseKeeper,
         completions: Completions,
-        counts: Counter[str],
+        metrics: WorkerMetrics,
         lease_seconds: int,
         max_result_bytes: int,
     ) -> None:
         self._queue = queue
         self._keeper = keeper
         self._completions = completions
-        self._counts = counts
+        self._metrics = metrics
         self._lease_seconds = lease_seconds
         self._max_result_bytes = max_result_bytes
 
@@ -92,7 +92,7 @@ class JobRunner:
         )
         try:
             # No timer per job: the lease keeper cancels this task when its time is up.
-            returned = await registration.func(payload, info)
+            returned = await self._handle(job, registration, payload, info)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             reason = self._keeper.stopped_because(task) if task is not None else None
@@ -104,7 +104,7 @@ class JobRunner:
                 error = f"TimeoutError: timed out after {registration.timeout:g}s"
                 await self._fail(job, error, retryable=True, started=started)
                 return
-            self._counts["lost"] += 1
+            self._metrics.finished(job, "lost")
             log.error(
                 "job stopped: its lease was lost (another attempt owns it now)",
                 extra={"event": "job.lost", "duration_ms": ms_since(started), **job_fields(job)},
@@ -130,6 +130,16 @@ class JobRunner:
                 return
         self._completions.add(job, started, result)
 
+    async def _handle(
+        self, job: Job, registration: Registration, payload: Any, info: JobInfo
+    ) -> Any:
+        """Run the handler, and time it whatever its outcome."""
+        began = time.monotonic()
+        try:
+            return await registration.func(payload, info)
+        finally:
+            self._metrics.handler_ran(job, time.monotonic() - began)
+
     async def _report_progress(self, job: Job, progress: Any) -> bool:
         """JobInfo.report_progress() of `job`: False when its token is stale. Through an outage
         the report is dropped (logged): progress is a hint, not worth failing the job for."""
@@ -149,7 +159,7 @@ class JobRunner:
         """Hand a job still running at shutdown back to the queue, so another worker runs it
         now (its attempt not counted)."""
         released = await report(lambda: self._queue.release(job), give_up_after=self._lease_seconds)
-        self._counts["released"] += 1
+        self._metrics.finished(job, "released")
         log.warning(
             "job released at shutdown",
             extra={"event": "job.released", "released": bool(released), **job_fields(job)},
@@ -162,6 +172,6 @@ class JobRunner:
             error,
             retryable=retryable,
             started=started,
-            counts=self._counts,
+            metrics=self._metrics,
             lease_seconds=self._lease_seconds,
         )

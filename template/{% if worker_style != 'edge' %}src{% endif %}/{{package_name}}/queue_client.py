@@ -322,8 +322,9 @@ class QueueClient(Protocol):
         wake-up URL and the sweeper's schedule), after applying `changes`."""
         ...
 
-    async def wait_for_jobs(self, queue: str, timeout: float) -> None:
-        """Return when jobs may have arrived on `queue`, or after `timeout` seconds."""
+    async def wait_for_jobs(self, queue: str, timeout: float) -> bool:
+        """Return when jobs may have arrived on `queue` (True: a wake-up said so), or after
+        `timeout` seconds (False)."""
         ...
 
     async def close(self) -> None: ...

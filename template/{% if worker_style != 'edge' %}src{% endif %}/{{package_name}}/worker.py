@@ -25,17 +25,20 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable
-from typing import Any
+from typing import TypeVar
 
 from .backoff import MAX_OUTAGE_PAUSE, Backoff
 from .completions import Completions, ResultRefused
 from .job_runner import JobRunner
 from .leases import LeaseKeeper
+from .metrics import WorkerMetrics
 from .queue_client import Job, QueueClient, QueueUnavailable
 from .registry import Registry, registry
 from .settings import Settings
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # The pause between polls of an empty queue starts here and doubles up to
 # settings.poll_interval.
@@ -71,13 +74,17 @@ async def log_health(queue: QueueClient) -> None:
 
 class Worker:
     def __init__(
-        self, queue: QueueClient, settings: Settings, handlers: Registry = registry
+        self,
+        queue: QueueClient,
+        settings: Settings,
+        handlers: Registry = registry,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self._queue = queue
         self._settings = settings
         self._handlers = handlers
-        # Outcomes so far: done, retried, dead (dead-lettered), lost (lease lost), released.
-        self.counts: Counter[str] = Counter()
+        # Counted whether or not they are served (METRICS_PORT): see metrics.py.
+        self.metrics = metrics or WorkerMetrics()
         # The lease and the result size limit, and what depends on them, are known once the
         # first run() or drain() starts: WORKER_LEASE_SECONDS, or else the lease configured in
         # the database, and the database's max_result_bytes.
@@ -87,6 +94,11 @@ class Worker:
         self._stopping = asyncio.Event()
         # Set when a job's task ends or stop() is called: the claim loop waits on it.
         self._changed = asyncio.Event()
+
+    @property
+    def counts(self) -> Counter[str]:
+        """Outcomes so far: done, retried, dead (dead-lettered), lost (lease lost), released."""
+        return self.metrics.counts
 
     @property
     def busy(self) -> int:
@@ -129,10 +141,11 @@ class Worker:
                 return  # stopped before the database answered
             lease_seconds, max_result_bytes = configured
             keeper = LeaseKeeper(self._queue, lease_seconds)
-            completions = Completions(self._queue, lease_seconds, self.counts)
+            completions = Completions(self._queue, lease_seconds, self.metrics)
             runner = JobRunner(
-                self._queue, keeper, completions, self.counts, lease_seconds, max_result_bytes
+                self._queue, keeper, completions, self.metrics, lease_seconds, max_result_bytes
             )
+            self.metrics.expect(self._settings.queue, self._handlers.kinds())
             self._machinery = (lease_seconds, keeper, completions, runner)
         lease_seconds, keeper, completions, _ = self._machinery
         reporting = asyncio.create_task(completions.run(), name="completions")
@@ -249,7 +262,11 @@ class Worker:
             if jobs:
                 idle.reset()
             completions.expect_claims(False)  # idle: no claim before jobs come
-            await self._unless_stopped(self._queue.wait_for_jobs(settings.queue, idle.next()))
+            woken = await self._unless_stopped(
+                self._queue.wait_for_jobs(settings.queue, idle.next())
+            )
+            if woken is not None:
+                self.metrics.woken("notify" if woken else "poll")
             completions.expect_claims(True)
 
     async def _checkin(self, kinds: list[str]) -> None:
@@ -269,6 +286,7 @@ class Worker:
         # The claim named only the kinds registered here, and a registry only ever grows.
         assert registration is not None, f"claimed a job of kind {job.kind!r} with no handler"
         assert self._machinery is not None, "jobs are started only inside _loop()"
+        self.metrics.claimed(job)
         task = self._machinery[3].start(job, registration, renew_at)
         self._running[task] = job
         task.add_done_callback(self._ended)
@@ -284,8 +302,8 @@ class Worker:
         if not self._stopping.is_set():  # stop() may have come while we awaited a claim
             await self._changed.wait()
 
-    async def _unless_stopped(self, awaitable: Awaitable[Any]) -> None:
-        """Wait for `awaitable`, or until stop() is called."""
+    async def _unless_stopped(self, awaitable: Awaitable[T]) -> T | None:
+        """What `awaitable` returns, or None when stop() is called first."""
         task = asyncio.ensure_future(awaitable)
         stopping = asyncio.create_task(self._stopping.wait())
         try:
@@ -293,6 +311,9 @@ class Worker:
         finally:
             task.cancel()
             stopping.cancel()
+        if task.cancelled() or not task.done() or task.exception() is not None:
+            return None
+        return task.result()
 
     async def _finish(self) -> None:
         """Give running jobs `shutdown_grace` seconds, then cancel (and so release) the rest."""

@@ -1,0 +1,243 @@
+# Worker machinery: you should not need to edit this file (handlers live in handlers/).
+"""Prometheus metrics: what this worker did, counted as it happens, and what the queue holds,
+read from the database on each scrape. Served at `GET /metrics` when METRICS_PORT is set.
+
+The worker's own counters live in a registry of their own (not prometheus_client's global
+one), so a scrape shows exactly the queue's metrics. Every one of them is named
+`pgqueue_worker_*` and labelled with the job's `queue` and `kind`, except wake-ups
+(`source`). An outcome is counted once the queue has recorded it: a success when its
+completion was sent (alone, or riding along with the next claim), a failure when fail()
+answered whether the job goes back to the queue or to the dead letters.
+
+The database's gauges (`pgqueue_jobs_queued`, `pgqueue_oldest_runnable_age_seconds`, ...)
+come from `<schema>.metrics()` at scrape time, through the worker's own queue client. When
+the database does not answer within SCRAPE_TIMEOUT, the scrape still serves the worker's
+metrics, with `pgqueue_metrics_scrape_error 1`.
+
+The endpoint listens on a port of its own, never on the one pg_net wakes: scrapers reach it
+on the private network (Fly's `[metrics]`) or from a sidecar (Cloud Run), and the public
+port keeps answering only to the service key. It is a small HTTP/1.1 server on the worker's
+own event loop (one request per connection, as Prometheus scrapes), so a scrape can await the
+database without a thread, and the worker keeps its signal handling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Iterable
+from typing import Literal
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import Histogram as PrometheusHistogram
+
+from .queue_client import Job, QueueClient
+from .settings import Settings
+
+log = logging.getLogger(__name__)
+
+# What became of a claimed job, as Worker.counts names it.
+Outcome = Literal["done", "retried", "dead", "lost", "released"]
+# What sent the worker looking for jobs: a NOTIFY (postgres transport), a POST /wake
+# (python-http), or its own timer (an idle wait that ran out, or the idle poll).
+WakeupSource = Literal["notify", "http", "poll"]
+WAKEUP_SOURCES: tuple[WakeupSource, ...] = ("notify", "http", "poll")
+
+# The classic text format, which every Prometheus-compatible scraper reads (prometheus_client's
+# own server answers with it too, unless a scraper asks for another).
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# How long a scrape waits for <schema>.metrics() before it answers without the database's
+# gauges (Prometheus gives a whole scrape 10 s by default).
+SCRAPE_TIMEOUT = 3.0
+# Handler durations in seconds: from a quick job to the longest timeout worth having.
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+# The most a request line and its headers may take; a scraper sends a few hundred bytes.
+_MAX_REQUEST_BYTES = 16 * 1024
+_READ_TIMEOUT = 10.0
+
+
+class WorkerMetrics:
+    """This worker's counters and handler durations, in a registry of their own; `counts`
+    keeps the outcomes by name alone (what /health and the tests read)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.counts: collections.Counter[str] = collections.Counter()
+        labels = ("queue", "kind")
+
+        def counter(name: str, documentation: str) -> Counter:
+            return Counter(name, documentation, labels, registry=self.registry)
+
+        self._claimed = counter("pgqueue_worker_jobs_claimed", "Jobs this worker claimed.")
+        done = counter("pgqueue_worker_jobs_done", "Jobs this worker completed (reported done).")
+        failed = counter(
+            "pgqueue_worker_jobs_failed",
+            "Failed attempts the queue recorded (retried + dead-lettered).",
+        )
+        retried = counter(
+            "pgqueue_worker_jobs_retried",
+            "Failed attempts that went back to the queue for another attempt.",
+        )
+        dead = counter(
+            "pgqueue_worker_jobs_dead_lettered",
+            "Failed attempts with no attempt left (or not retryable): now dead letters.",
+        )
+        lost = counter(
+            "pgqueue_worker_leases_lost",
+            "Jobs whose lease this worker had lost: a heartbeat, completion or failure report "
+            "was refused because another attempt owns the job now (rescued, or cancelled).",
+        )
+        released = counter(
+            "pgqueue_worker_jobs_released",
+            "Jobs still running at shutdown, handed back to the queue.",
+        )
+        self._outcomes: dict[Outcome, tuple[Counter, ...]] = {
+            "done": (done,),
+            "retried": (retried, failed),
+            "dead": (dead, failed),
+            "lost": (lost,),
+            "released": (released,),
+        }
+        self._handler_seconds = PrometheusHistogram(
+            "pgqueue_worker_handler_duration_seconds",
+            "How long handlers ran, whatever their outcome.",
+            labels,
+            registry=self.registry,
+            buckets=DURATION_BUCKETS,
+        )
+        self._wakeups = Counter(
+            "pgqueue_worker_wakeups",
+            "Times the worker went looking for jobs, by what sent it: notify (a NOTIFY), "
+            "http (a POST /wake) or poll (its own timer).",
+            ("source",),
+            registry=self.registry,
+        )
+
+    def expect(self, queue: str, kinds: Iterable[str]) -> None:
+        """Show every series of these kinds from the start, at 0: a rate() then counts the
+        first job too, and a dashboard has a line for each kind."""
+        for kind in kinds:
+            self._claimed.labels(queue, kind)
+            for counters in self._outcomes.values():
+                for counter in counters:
+                    counter.labels(queue, kind)
+            self._handler_seconds.labels(queue, kind)
+        for source in WAKEUP_SOURCES:
+            self._wakeups.labels(source)
+
+    def claimed(self, job: Job) -> None:
+        self._claimed.labels(job.queue, job.kind).inc()
+
+    def finished(self, job: Job, outcome: Outcome) -> None:
+        """Count what the queue recorded of `job`'s attempt."""
+        self.counts[outcome] += 1
+        for counter in self._outcomes[outcome]:
+            counter.labels(job.queue, job.kind).inc()
+
+    def handler_ran(self, job: Job, seconds: float) -> None:
+        self._handler_seconds.labels(job.queue, job.kind).observe(seconds)
+
+    def woken(self, source: WakeupSource) -> None:
+        self._wakeups.labels(source).inc()
+
+
+@contextlib.asynccontextmanager
+async def serving_metrics(
+    settings: Settings, metrics: WorkerMetrics, queue: QueueClient
+) -> AsyncIterator[None]:
+    """Serve GET /metrics on METRICS_HOST:METRICS_PORT while the block runs (nothing when
+    METRICS_PORT is not set)."""
+    if settings.metrics_port is None:
+        yield
+        return
+    endpoint = MetricsEndpoint(metrics, queue)
+    host, port = settings.metrics_host, settings.metrics_port
+    try:
+        server = await asyncio.start_server(endpoint.answer, host, port, limit=_MAX_REQUEST_BYTES)
+    except OSError as exc:
+        raise OSError(
+            exc.errno,
+            f"cannot serve metrics on {host}:{port} ({exc.strerror}): set METRICS_PORT to a "
+            "free port, or METRICS_HOST to an address of this machine",
+        ) from exc
+    log.info(
+        "serving metrics",
+        extra={
+            "event": "metrics.start",
+            "host": settings.metrics_host,
+            "port": settings.metrics_port,
+        },
+    )
+    try:
+        yield
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+class MetricsEndpoint:
+    """Answers scrapes: the worker's metrics, then the database's."""
+
+    def __init__(self, metrics: WorkerMetrics, queue: QueueClient) -> None:
+        self._metrics = metrics
+        self._queue = queue
+
+    async def exposition(self) -> bytes:
+        """The text Prometheus reads."""
+        return generate_latest(self._metrics.registry)
+
+    async def answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One request on one connection, then close it."""
+        try:
+            method, path = await asyncio.wait_for(_read_request(reader), _READ_TIMEOUT)
+            if path.split("?", 1)[0] != "/metrics":
+                _respond(writer, "404 Not Found", b"not found: metrics are at /metrics\n")
+            elif method not in ("GET", "HEAD"):
+                _respond(writer, "405 Method Not Allowed", b"GET /metrics\n", allow="GET, HEAD")
+            else:
+                body = await self.exposition()
+                _respond(writer, "200 OK", body, CONTENT_TYPE, head=method == "HEAD")
+            await writer.drain()
+        except (
+            TimeoutError,
+            ValueError,
+            ConnectionError,
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+        ):
+            pass  # a client that sent no proper request, too much, or went away: just close
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+
+async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str]:
+    """The method and path of an HTTP request; its headers are read and ignored."""
+    method, path, _ = (await reader.readuntil(b"\n")).decode("latin-1").split(" ", 2)
+    while (await reader.readuntil(b"\n")).strip():
+        pass
+    return method, path
+
+
+def _respond(
+    writer: asyncio.StreamWriter,
+    status: str,
+    body: bytes,
+    content_type: str = "text/plain; charset=utf-8",
+    *,
+    head: bool = False,
+    allow: str | None = None,
+) -> None:
+    headers = [
+        f"HTTP/1.1 {status}",
+        f"Content-Type: {content_type}",
+        f"Content-Length: {len(body)}",
+        "Connection: close",
+        *([f"Allow: {allow}"] if allow else []),
+    ]
+    writer.write(("\r\n".join(headers) + "\r\n\r\n").encode("latin-1"))
+    if not head:
+        writer.write(body)
