@@ -27,13 +27,15 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client import Histogram as PrometheusHistogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric as MetricFamily
 
-from .queue_client import Job, QueueClient
+from .queue_client import Job, Metric, QueueClient
 from .settings import Settings
 
 log = logging.getLogger(__name__)
@@ -56,6 +58,23 @@ DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 # The most a request line and its headers may take; a scraper sends a few hundred bytes.
 _MAX_REQUEST_BYTES = 16 * 1024
 _READ_TIMEOUT = 10.0
+
+# What each metric of <schema>.metrics() means (its HELP line); a name not listed here is
+# served all the same, with a generic one.
+DATABASE_METRICS = {
+    "pgqueue_jobs_queued": "Jobs waiting to run, due now or later.",
+    "pgqueue_jobs_runnable": "Waiting jobs that are due now.",
+    "pgqueue_jobs_running": "Jobs a worker holds under a lease.",
+    "pgqueue_jobs_retrying": "Waiting jobs that already failed an attempt.",
+    "pgqueue_oldest_runnable_age_seconds": "How long the oldest runnable job has been due.",
+    "pgqueue_expired_leases": "Running jobs whose lease expired: the next sweep rescues them.",
+    "pgqueue_dead_letters": "Dead-lettered jobs kept in the history.",
+    "pgqueue_jobs_finished_5m": "Jobs finished in the last 5 minutes: done, failed or cancelled.",
+    "pgqueue_queue_paused": "1 while the queue is paused.",
+    "pgqueue_workers_alive": "Workers that checked in within the last 10 minutes.",
+    "pgqueue_lease_rescues_total": "Expired leases the sweeper put back in the queue.",
+    "pgqueue_lease_dead_letters_total": "Expired leases the sweeper dead-lettered.",
+}
 
 
 class WorkerMetrics:
@@ -183,10 +202,35 @@ class MetricsEndpoint:
     def __init__(self, metrics: WorkerMetrics, queue: QueueClient) -> None:
         self._metrics = metrics
         self._queue = queue
+        # One read of the database at a time: a scrape that comes while one is slow waits on
+        # it instead of starting another.
+        self._reading: asyncio.Future[list[Metric]] | None = None
 
     async def exposition(self) -> bytes:
         """The text Prometheus reads."""
-        return generate_latest(self._metrics.registry)
+        rows, error = await self._database_metrics()
+        snapshot = CollectorRegistry(auto_describe=False)
+        snapshot.register(_DatabaseCollector(rows, error))
+        return generate_latest(self._metrics.registry) + generate_latest(snapshot)
+
+    async def _database_metrics(self) -> tuple[list[Metric], bool]:
+        """The rows of <schema>.metrics(), and whether reading them failed."""
+        if self._reading is None or self._reading.done():
+            self._reading = asyncio.ensure_future(self._queue.metrics())
+            # A read that outlives its scrape still ends; its error is logged here, not lost.
+            self._reading.add_done_callback(_retrieve)
+        try:
+            # shield(): a timeout leaves the call to finish on its own; cancelling a query
+            # midway could leave the connection it runs on unusable for the worker.
+            return await asyncio.wait_for(asyncio.shield(self._reading), SCRAPE_TIMEOUT), False
+        except Exception as exc:
+            reason = "timed out" if isinstance(exc, TimeoutError) else str(exc)
+            log.warning(
+                "metrics from the database unavailable: %s",
+                reason,
+                extra={"event": "metrics.database_unavailable", "error": reason},
+            )
+            return [], True
 
     async def answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One request on one connection, then close it."""
@@ -241,3 +285,40 @@ def _respond(
     writer.write(("\r\n".join(headers) + "\r\n\r\n").encode("latin-1"))
     if not head:
         writer.write(body)
+
+
+def _retrieve(future: asyncio.Future[list[Metric]]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+class _DatabaseCollector:
+    """One scrape's rows of <schema>.metrics() as metric families (a name ending in _total is
+    a counter, any other a gauge), and `pgqueue_metrics_scrape_error`."""
+
+    def __init__(self, rows: list[Metric], error: bool) -> None:
+        self._rows = rows
+        self._error = error
+
+    def collect(self) -> Iterator[MetricFamily]:
+        yield GaugeMetricFamily(
+            "pgqueue_metrics_scrape_error",
+            "1 when this scrape could not read the database's metrics (<schema>.metrics()).",
+            value=1.0 if self._error else 0.0,
+        )
+        # Each known metric is declared even without a sample (no queue has jobs, say), so a
+        # scraper and a dashboard always know its name and type.
+        by_name: dict[str, list[Metric]] = {name: [] for name in DATABASE_METRICS}
+        for row in self._rows:
+            by_name.setdefault(row.name, []).append(row)
+        for name, rows in sorted(by_name.items()):
+            keys = sorted({key for row in rows for key in row.labels})
+            documentation = DATABASE_METRICS.get(name, "From the queue's metrics() function.")
+            family: GaugeMetricFamily | CounterMetricFamily
+            if name.endswith("_total"):
+                family = CounterMetricFamily(name, documentation, labels=keys)
+            else:
+                family = GaugeMetricFamily(name, documentation, labels=keys)
+            for row in rows:
+                family.add_metric([row.labels.get(key, "") for key in keys], row.value)
+            yield family
