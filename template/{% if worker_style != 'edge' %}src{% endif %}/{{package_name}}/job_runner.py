@@ -28,6 +28,7 @@ from .metrics import WorkerMetrics
 from .queue_client import Job, QueueClient, QueueUnavailable
 from .registry import JobInfo, PermanentError, Registration, describe_validation_error
 from .results import MAX_PROGRESS_BYTES, NotStorable, to_json_text
+from .tracing import JobTracing
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ class JobRunner:
         metrics: WorkerMetrics,
         lease_seconds: int,
         max_result_bytes: int,
+        tracing: JobTracing | None = None,
     ) -> None:
         self._queue = queue
         self._keeper = keeper
@@ -48,11 +50,19 @@ class JobRunner:
         self._metrics = metrics
         self._lease_seconds = lease_seconds
         self._max_result_bytes = max_result_bytes
+        self._tracing = tracing
 
-    def start(self, job: Job, registration: Registration, renew_at: float) -> asyncio.Task[None]:
+    def start(
+        self,
+        job: Job,
+        registration: Registration,
+        renew_at: float,
+        traceparent: str | None = None,
+    ) -> asyncio.Task[None]:
         """Run `job` in a task of its own, its lease kept (renewed from `renew_at` on) and its
-        handler stopped after the kind's timeout. Call ended() when the task is done."""
-        task = asyncio.create_task(self._run(job, registration), name=f"job-{job.id}")
+        handler stopped after the kind's timeout; its span a child of `traceparent` when
+        tracing is on. Call ended() when the task is done."""
+        task = asyncio.create_task(self._run(job, registration, traceparent), name=f"job-{job.id}")
         self._keeper.watch(task, job, renew_at, time.monotonic() + registration.timeout)
         return task
 
@@ -67,7 +77,9 @@ class JobRunner:
                 extra={"event": "job.unrecorded", **job_fields(job)},
             )
 
-    async def _run(self, job: Job, registration: Registration) -> None:
+    async def _run(
+        self, job: Job, registration: Registration, traceparent: str | None = None
+    ) -> None:
         started = time.monotonic()
         if log.isEnabledFor(logging.INFO):
             log.info("job started", extra={"event": "job.start", **job_fields(job)})
@@ -92,7 +104,7 @@ class JobRunner:
         )
         try:
             # No timer per job: the lease keeper cancels this task when its time is up.
-            returned = await self._handle(job, registration, payload, info)
+            returned = await self._handle(job, registration, payload, info, traceparent)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             reason = self._keeper.stopped_because(task) if task is not None else None
@@ -131,12 +143,20 @@ class JobRunner:
         self._completions.add(job, started, result)
 
     async def _handle(
-        self, job: Job, registration: Registration, payload: Any, info: JobInfo
+        self,
+        job: Job,
+        registration: Registration,
+        payload: Any,
+        info: JobInfo,
+        traceparent: str | None,
     ) -> Any:
-        """Run the handler, and time it whatever its outcome."""
+        """Run the handler (in a span, when tracing is on), and time it whatever its outcome."""
         began = time.monotonic()
         try:
-            return await registration.func(payload, info)
+            if self._tracing is None:
+                return await registration.func(payload, info)
+            with self._tracing.span(job, traceparent):
+                return await registration.func(payload, info)
         finally:
             self._metrics.handler_ran(job, time.monotonic() - began)
 

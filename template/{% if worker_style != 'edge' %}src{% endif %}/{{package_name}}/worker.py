@@ -35,6 +35,7 @@ from .metrics import WorkerMetrics
 from .queue_client import Job, QueueClient, QueueUnavailable
 from .registry import Registry, registry
 from .settings import Settings
+from .tracing import start_tracing
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,8 @@ class Worker:
         self._handlers = handlers
         # Counted whether or not they are served (METRICS_PORT): see metrics.py.
         self.metrics = metrics or WorkerMetrics()
+        # Spans for handler runs when WORKER_TRACING=on: see tracing.py.
+        self._tracing = start_tracing() if settings.tracing else None
         # The lease and the result size limit, and what depends on them, are known once the
         # first run() or drain() starts: WORKER_LEASE_SECONDS, or else the lease configured in
         # the database, and the database's max_result_bytes.
@@ -143,7 +146,13 @@ class Worker:
             keeper = LeaseKeeper(self._queue, lease_seconds)
             completions = Completions(self._queue, lease_seconds, self.metrics)
             runner = JobRunner(
-                self._queue, keeper, completions, self.metrics, lease_seconds, max_result_bytes
+                self._queue,
+                keeper,
+                completions,
+                self.metrics,
+                lease_seconds,
+                max_result_bytes,
+                self._tracing,
             )
             self.metrics.expect(self._settings.queue, self._handlers.kinds())
             self._machinery = (lease_seconds, keeper, completions, runner)
@@ -246,8 +255,9 @@ class Worker:
                 )
                 continue
             outage.reset()
+            traceparents = await self._traceparents(jobs)
             for job in jobs:
-                self._start(job, renew_at)
+                self._start(job, renew_at, traceparents.get(job.id))
             if len(jobs) == wanted:
                 idle.reset()
                 continue
@@ -281,13 +291,28 @@ class Worker:
                 extra={"event": "worker.checkin_failed", "error": str(exc)},
             )
 
-    def _start(self, job: Job, renew_at: float) -> None:
+    async def _traceparents(self, jobs: list[Job]) -> dict[int, str]:
+        """The traceparents the claimed jobs were enqueued with, read in one call when tracing
+        is on (the claim does not return them); without them the spans start new traces."""
+        if self._tracing is None or not jobs:
+            return {}
+        try:
+            return await self._queue.trace_contexts([job.id for job in jobs])
+        except Exception as exc:  # an older database, or an outage: the jobs run all the same
+            log.warning(
+                "trace contexts unavailable (apply the migrations: supabase migration up): %s",
+                exc,
+                extra={"event": "worker.trace_contexts_failed", "error": str(exc)},
+            )
+            return {}
+
+    def _start(self, job: Job, renew_at: float, traceparent: str | None = None) -> None:
         registration = self._handlers.get(job.kind)
         # The claim named only the kinds registered here, and a registry only ever grows.
         assert registration is not None, f"claimed a job of kind {job.kind!r} with no handler"
         assert self._machinery is not None, "jobs are started only inside _loop()"
         self.metrics.claimed(job)
-        task = self._machinery[3].start(job, registration, renew_at)
+        task = self._machinery[3].start(job, registration, renew_at, traceparent)
         self._running[task] = job
         task.add_done_callback(self._ended)
 
