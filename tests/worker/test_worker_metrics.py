@@ -4,6 +4,8 @@ prometheus_client's own parser."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import httpx
@@ -28,6 +30,12 @@ def scrape(port: int) -> Samples:
         for family in text_string_to_metric_families(response.text)
         for sample in family.samples
     }
+
+
+def database_metrics(db: psycopg.Connection) -> Samples:
+    """What pgqueue.metrics() returns, as samples."""
+    rows = db.execute("select metric, labels, value from pgqueue.metrics()").fetchall()
+    return {(name, tuple(sorted(labels.items()))): value for name, labels, value in rows}
 
 
 def worker_counts(samples: Samples) -> dict[tuple[str, str], float]:
@@ -132,3 +140,50 @@ def test_worker_counts_every_outcome_per_kind(
         # Never on the port the database wakes.
         assert httpx.get(f"{worker.url}/metrics").status_code == 404
     assert worker.proc.poll() is None
+
+
+def test_the_queue_gauges_are_the_databases_and_the_dashboard_queries_what_is_served(
+    installed: Installed,
+    workers: Workers,
+    db: psycopg.Connection,
+    service_role_key: str,
+    tmp_path: Path,
+) -> None:
+    _, port = start(workers, db, service_role_key)
+    log = str(tmp_path / "runs.jsonl")
+    with db.transaction():
+        done = enqueue(db, log=log)
+        dead = enqueue(db, log=log, error="boom", max_attempts=1)
+    wait_until(lambda: settled(db, [done, dead]), what="both jobs to finish")
+    # Jobs that stay put while the test compares (so no age grows meanwhile): queued for
+    # later, one of them on a paused queue.
+    later = "run_after => now() + interval '1h'"
+    db.execute(f"select pgqueue.enqueue('e2e_probe', '{{}}', {later})")
+    db.execute(f"select pgqueue.enqueue('send_email', '{{}}', queue => 'held', {later})")
+    db.execute("select pgqueue.pause('held')")
+
+    samples = scrape(port)
+    expected = database_metrics(db)
+    db.execute("select pgqueue.resume('held')")
+    assert samples["pgqueue_metrics_scrape_error", ()] == 0
+    assert {key: samples.get(key) for key in expected} == expected
+    assert expected["pgqueue_queue_paused", (("queue", "held"),)] == 1
+    assert expected["pgqueue_jobs_queued", (("kind", "e2e_probe"), ("queue", "default"))] == 1
+    assert expected["pgqueue_dead_letters", (("kind", "e2e_probe"), ("queue", "default"))] == 1
+
+    dashboard = json.loads(
+        (installed.path / "observability" / "grafana-dashboard.json").read_text()
+    )
+    [datasource] = [v for v in dashboard["templating"]["list"] if v["type"] == "datasource"]
+    assert datasource["query"] == "prometheus"
+    queries = [
+        target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])
+    ]
+    assert len(queries) >= 20
+    queried = {name for expr in queries for name in re.findall(r"\bpgqueue_\w+", expr)}
+    served = {name for name, _ in samples}
+    assert queried - served == set()
+    # ... and it shows every metric there is, but for the scrape's own bookkeeping.
+    families = {re.sub(r"_(total|bucket|sum|count|created)$", "", name) for name in served}
+    shown = {re.sub(r"_(total|bucket|sum|count)$", "", name) for name in queried}
+    assert families - shown == set()
