@@ -28,6 +28,7 @@ import collections
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
@@ -75,6 +76,15 @@ DATABASE_METRICS = {
     "pgqueue_lease_rescues_total": "Expired leases the sweeper put back in the queue.",
     "pgqueue_lease_dead_letters_total": "Expired leases the sweeper dead-lettered.",
 }
+
+
+@dataclass(frozen=True)
+class _Series:
+    """The counters and histogram of one queue and kind."""
+
+    claimed: Counter
+    outcomes: dict[Outcome, tuple[Counter, ...]]
+    handler_seconds: PrometheusHistogram
 
 
 class WorkerMetrics:
@@ -126,6 +136,7 @@ class WorkerMetrics:
             registry=self.registry,
             buckets=DURATION_BUCKETS,
         )
+        self._by_kind: dict[tuple[str, str], _Series] = {}
         self._wakeups = Counter(
             "pgqueue_worker_wakeups",
             "Times the worker went looking for jobs, by what sent it: notify (a NOTIFY), "
@@ -138,25 +149,36 @@ class WorkerMetrics:
         """Show every series of these kinds from the start, at 0: a rate() then counts the
         first job too, and a dashboard has a line for each kind."""
         for kind in kinds:
-            self._claimed.labels(queue, kind)
-            for counters in self._outcomes.values():
-                for counter in counters:
-                    counter.labels(queue, kind)
-            self._handler_seconds.labels(queue, kind)
+            self._series(queue, kind)
         for source in WAKEUP_SOURCES:
             self._wakeups.labels(source)
 
     def claimed(self, job: Job) -> None:
-        self._claimed.labels(job.queue, job.kind).inc()
+        self._series(job.queue, job.kind).claimed.inc()
 
     def finished(self, job: Job, outcome: Outcome) -> None:
         """Count what the queue recorded of `job`'s attempt."""
         self.counts[outcome] += 1
-        for counter in self._outcomes[outcome]:
-            counter.labels(job.queue, job.kind).inc()
+        for counter in self._series(job.queue, job.kind).outcomes[outcome]:
+            counter.inc()
 
     def handler_ran(self, job: Job, seconds: float) -> None:
-        self._handler_seconds.labels(job.queue, job.kind).observe(seconds)
+        self._series(job.queue, job.kind).handler_seconds.observe(seconds)
+
+    def _series(self, queue: str, kind: str) -> _Series:
+        """The series of one queue and kind, looked up once: labels() costs more than the
+        increment itself, and a busy worker counts several times per job."""
+        series = self._by_kind.get((queue, kind))
+        if series is None:
+            series = self._by_kind[queue, kind] = _Series(
+                claimed=self._claimed.labels(queue, kind),
+                outcomes={
+                    outcome: tuple(counter.labels(queue, kind) for counter in counters)
+                    for outcome, counters in self._outcomes.items()
+                },
+                handler_seconds=self._handler_seconds.labels(queue, kind),
+            )
+        return series
 
     def woken(self, source: WakeupSource) -> None:
         self._wakeups.labels(source).inc()
