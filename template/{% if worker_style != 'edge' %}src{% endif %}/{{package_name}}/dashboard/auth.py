@@ -90,11 +90,14 @@ def _digest(text: str) -> bytes:
 
 def from_another_site(request: Request) -> bool:
     """True when the browser says the request comes from another site (a page elsewhere
-    posting a form here). Browsers send Sec-Fetch-Site (or at least Origin) with every POST;
-    a client that sends neither is no browser, and the CSRF token still guards it."""
+    posting a form here). Browsers send Sec-Fetch-Site with every request, and it is the
+    answer; older ones send Origin with a POST. Under our Referrer-Policy (no-referrer) a
+    browser may send `Origin: null` even from our own page, so null counts only without
+    Sec-Fetch-Site. A client that sends neither is no browser: the CSRF token still guards
+    it."""
     site = request.headers.get("sec-fetch-site")
-    if site is not None and site not in ("same-origin", "none"):
-        return True
+    if site is not None:
+        return site not in ("same-origin", "none")
     origin = request.headers.get("origin")
     if origin is None:
         return False

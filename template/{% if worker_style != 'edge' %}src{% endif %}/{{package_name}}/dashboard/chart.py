@@ -10,8 +10,8 @@ from datetime import datetime
 
 from .source import ThroughputRow
 
-WIDTH = 720
-HEIGHT = 140
+WIDTH = 1100
+HEIGHT = 160
 # Room under the bars for the axis labels.
 AXIS = 18
 
