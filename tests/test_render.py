@@ -69,7 +69,11 @@ def test_each_variant_ships_only_its_own_tooling(
         assert not (project / "uv.lock").exists()
         assert {"deno-fmt", "deno-lint", "deno-check"} <= hooks
         assert not {h for h in hooks if h.startswith(("ruff", "mypy"))}
-        assert "uv " not in workflow and "Python" not in (project / ".gitignore").read_text()
+        assert "Python" not in (project / ".gitignore").read_text()
+        # uv serves the dashboard's own job only (dashboard/ is a Python project)
+        jobs = yaml.safe_load(workflow)["jobs"]
+        assert jobs["dashboard"]["defaults"]["run"]["working-directory"] == "dashboard"
+        assert not [job for name, job in jobs.items() if name != "dashboard" and "uv " in str(job)]
     else:
         pyproject = tomllib.loads((project / "pyproject.toml").read_text())
         assert pyproject["tool"]["mypy"]["strict"] is True

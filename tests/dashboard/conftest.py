@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ from playwright.sync_api import Browser, Page, sync_playwright
 from psycopg.types.json import Jsonb
 
 from testkit.cluster import free_port
-from testkit.project import REPO, variant
+from testkit.project import REPO, Variant, render, run, variant
 from tests.support.jobs import enqueue, wait_until
 from tests.support.workers import SCRIPT, Installed
 
@@ -40,10 +41,40 @@ VIEWPORT = {"width": 1280, "height": 900}
 ARTIFACTS = REPO / "test-artifacts" / "dashboard"
 PASSWORD = "a dashboard password for the tests"
 
-# One variant per claim transport: the dashboard is the same code in both worker styles; the
-# supabase one opens with the service role key (no DASHBOARD_PASSWORD set), the postgres one
-# (which has no key) with DASHBOARD_PASSWORD.
-VARIANTS = [variant("python", "postgres"), variant("python", "supabase")]
+# One Python variant per claim transport (the dashboard is the same code in both worker
+# styles), and the edge variant's dashboard/ with its psycopg source. The supabase one opens
+# with the service role key (no DASHBOARD_PASSWORD set), the others with DASHBOARD_PASSWORD.
+VARIANTS = [variant("python", "postgres"), variant("python", "supabase"), variant("edge")]
+
+
+@dataclass
+class EdgeDashboard:
+    """An edge project's dashboard/, installed in a venv of its own as its README says."""
+
+    project: Path  # the rendered edge project
+    venv: Path
+
+    @property
+    def path(self) -> Path:
+        return self.project / "dashboard"
+
+    def bin(self, name: str) -> Path:
+        return self.venv / "bin" / name
+
+
+@pytest.fixture(scope="session")
+def edge_dashboard(template: Path, tmp_path_factory: pytest.TempPathFactory) -> EdgeDashboard:
+    root = tmp_path_factory.mktemp("edge-dashboard")
+    installed = EdgeDashboard(
+        render(template, root / "project", worker_style="edge"), root / "venv"
+    )
+    # --locked: the committed uv.lock must match dashboard/pyproject.toml as rendered.
+    run(
+        ["uv", "sync", "--locked", "--extra", "dev", "--python", sys.executable, "--no-progress"],
+        cwd=installed.path,
+        env={"UV_PROJECT_ENVIRONMENT": str(installed.venv)},
+    )
+    return installed
 
 
 @dataclass
@@ -62,13 +93,19 @@ class Dashboard:
 @pytest.fixture(scope="module", params=VARIANTS, ids=str)
 def dashboard(
     request: pytest.FixtureRequest,
-    installs: dict,
     stack_env: dict,
     service_role_key: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Dashboard]:
-    installed: Installed = installs[request.param].result()
-    with_key = installed.transport == "supabase"
+    """The dashboard of the variant, served as its README says (`my-app dashboard`, or
+    `dashboard` from an edge project's dashboard/), on a free port."""
+    served: Variant = request.param
+    if served.python:
+        installed: Installed = request.getfixturevalue("installs")[served].result()
+        command = [installed.bin(SCRIPT), "dashboard"]
+    else:
+        command = [request.getfixturevalue("edge_dashboard").bin("dashboard")]
+    with_key = served.claim_transport == "supabase"
     password = service_role_key if with_key else PASSWORD
     port = free_port()
     log = tmp_path_factory.mktemp("dashboard") / "dashboard.log"
@@ -78,15 +115,15 @@ def dashboard(
         env["DASHBOARD_PASSWORD"] = PASSWORD
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [installed.bin(SCRIPT), "dashboard", "--port", str(port)],
+            [*command, "--port", str(port)],
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-    served = Dashboard(f"http://127.0.0.1:{port}", password, log, proc)
+    running = Dashboard(f"http://127.0.0.1:{port}", password, log, proc)
     try:
-        wait_until(lambda: _answers(served), timeout=30, what="the dashboard to start")
-        yield served
+        wait_until(lambda: _answers(running), timeout=30, what="the dashboard to start")
+        yield running
     finally:
         proc.terminate()
         try:
