@@ -443,6 +443,9 @@ def test_service_role_has_exactly_the_worker_api(db: psycopg.Connection) -> None
         "default_max_attempts",
         "health",
         "checkin",
+        "metrics",
+        "throughput",
+        "trace_contexts",
     }
     with db.transaction(force_rollback=True):
         db.execute("set local role service_role")

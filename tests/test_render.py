@@ -10,7 +10,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testkit.project import VARIANTS, Variant, choices, questions, render, rendered_files, run
+from testkit.project import (
+    REPO,
+    VARIANTS,
+    Variant,
+    choices,
+    questions,
+    render,
+    rendered_files,
+    run,
+)
 from tests.support.residue import residue
 
 # "}}" alone is ordinary JSON; a leftover Jinja expression or tag always has an opening.
@@ -121,6 +130,9 @@ def test_non_default_answers_reach_every_file(template: Path, tmp_path: Path) ->
     assert 'schemas = ["public", "graphql_public", "billing_q"]' in config
     assert 'project_id = "billing-jobs"' in config
     sql = "\n".join(p.read_text() for p in (project / "supabase").rglob("*.sql"))
+    # Metric names start with pgqueue_ whatever the schema (docs/observability.md lists them).
+    metrics = set(re.findall(r"`(pgqueue_\w+)`", (REPO / "docs/observability.md").read_text()))
+    sql = re.sub(r"\bpgqueue_\w+", lambda m: "" if m[0] in metrics else m[0], sql)
     assert not re.search(r"\bpgqueue[._]|'pgqueue", sql), "the default schema name leaked"
     assert "billing_q.jobs" in sql and "'billing_q_service_key'" in sql
     assert "current_setting('billing.key', true)" in sql

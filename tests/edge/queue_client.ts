@@ -14,7 +14,12 @@ for (const line of calls) {
     const value = await (queue[method] as (...args: unknown[]) => Promise<unknown>)(
       ...args,
     );
-    console.log(JSON.stringify({ ok: value ?? null }));
+    // a Map (traceContexts()) as an object of its entries
+    const json = JSON.stringify(
+      { ok: value ?? null },
+      (_, v) => v instanceof Map ? Object.fromEntries(v) : v,
+    );
+    console.log(json);
   } catch (error) {
     if (!(error instanceof QueueError)) throw error;
     const { name, call, code, reason, message } = error;

@@ -96,6 +96,9 @@ class NewJob(BaseModel):
     priority: int | None = None
     max_attempts: int | None = None
     concurrency_key: str | None = None
+    # A W3C traceparent (00-<trace-id>-<parent-id>-<flags>): the job's handler span joins
+    # that trace. The database refuses a malformed one.
+    traceparent: str | None = None
 
 
 # What enqueue() does when a live job already holds its idempotency key: `keep` it as it is,
@@ -143,6 +146,30 @@ class QueueState(BaseModel):
     running: int
 
 
+class Metric(BaseModel):
+    """A row of `metrics()`: one Prometheus sample. `name` ends in _total for counters; the
+    others are gauges (docs/observability.md lists them)."""
+
+    name: str
+    labels: dict[str, str]
+    value: float
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Metric:
+        return cls(name=row["metric"], labels=row["labels"], value=row["value"])
+
+
+class ThroughputPoint(BaseModel):
+    """A row of `throughput()`: the jobs of one queue that finished in one minute (`failed`:
+    dead-lettered)."""
+
+    minute: datetime
+    queue: str
+    done: int
+    failed: int
+    cancelled: int
+
+
 class Schedule(BaseModel):
     """A row of the `schedules` view: a recurring job, with its pg_cron state and last run."""
 
@@ -172,10 +199,13 @@ class QueueClient(Protocol):
         max_attempts: int | None = None,
         concurrency_key: str | None = None,
         on_conflict: OnConflict = "keep",
+        traceparent: str | None = None,
     ) -> int:
         """Enqueue one job and return its id. With a taken idempotency key, the existing
         job's id, the job kept or changed as `on_conflict` says. Jobs sharing a
-        `concurrency_key` run at most the key's limit at once (set_concurrency_limit())."""
+        `concurrency_key` run at most the key's limit at once (set_concurrency_limit()). A
+        W3C `traceparent` is kept with the job for its handler's span (trace_contexts());
+        Refused when malformed."""
         ...
 
     async def enqueue_many(self, jobs: list[NewJob]) -> list[int]:
@@ -248,6 +278,19 @@ class QueueClient(Protocol):
     async def stats(self) -> list[dict[str, Any]]:
         """Rows of the `stats` view: jobs per queue, kind and status, and whether the queue is
         paused."""
+        ...
+
+    async def metrics(self) -> list[Metric]:
+        """The queue's gauges and counters (`metrics()`), ordered by name then labels."""
+        ...
+
+    async def throughput(self, minutes: int = 30) -> list[ThroughputPoint]:
+        """Jobs finished per minute and queue over the last `minutes` (1 to 1440), oldest
+        first, a row for every minute of every queue; Refused outside that range."""
+        ...
+
+    async def trace_contexts(self, job_ids: list[int]) -> dict[int, str]:
+        """The traceparent each of these live jobs was enqueued with, for those that have one."""
         ...
 
     async def set_concurrency_limit(

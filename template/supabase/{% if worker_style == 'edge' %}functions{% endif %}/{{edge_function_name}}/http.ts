@@ -3,10 +3,12 @@
 // ["default"]}. The reply (202) goes out at once; the jobs run after it, for as long as the
 // Edge runtime keeps the function alive for them (EdgeRuntime.waitUntil). A wake-up that
 // finds this instance lingering over the same queues joins that drain instead of starting
-// another one.
+// another one. `GET .../metrics`, with the same key, answers the queue's metrics in
+// Prometheus' text format.
 import { bearerCheck } from "./auth.ts";
 import type { HandlerMap } from "./job.ts";
-import type { WorkerQueue } from "./queue.ts";
+import { formatPrometheus, PROMETHEUS_CONTENT_TYPE } from "./metrics.ts";
+import type { MetricSample, WorkerQueue } from "./queue.ts";
 import { FUNCTION_NAME, type Settings } from "./settings.ts";
 import {
   describe,
@@ -29,6 +31,8 @@ export interface WakeHandlerOptions {
   log?: (event: LogEvent) => void;
   /** Called with each wake-up's summary once its work is over. */
   onDrained?: (summary: DrainSummary) => void;
+  /** Reads the queue's metrics for `GET .../metrics` (Queue.metrics); without it, 404. */
+  metrics?: () => Promise<MetricSample[]>;
 }
 
 declare const EdgeRuntime:
@@ -50,9 +54,35 @@ export function createWakeHandler(
   // The drains under way in this instance, each with its work as handed to waitUntil.
   const drains = new Map<Drain, Promise<void>>();
 
+  async function serveMetrics(request: Request): Promise<Response> {
+    if (!(await isAuthorized(request.headers.get("authorization")))) {
+      return reply(401, {
+        error: "Unauthorized: scrape with `Authorization: Bearer <service key>` (the key " +
+          "this function runs with).",
+      }, { "WWW-Authenticate": 'Bearer realm="metrics"' });
+    }
+    if (!options.metrics) {
+      return reply(404, { error: "This handler was created without a metrics source." });
+    }
+    try {
+      const samples = await options.metrics();
+      return new Response(formatPrometheus(samples), {
+        status: 200,
+        headers: { "Content-Type": PROMETHEUS_CONTENT_TYPE },
+      });
+    } catch (error) {
+      // A failed scrape (not an empty one), so that Prometheus marks the target down.
+      log({ event: "metrics.error", error: describe(error) });
+      return reply(503, { error: `Cannot read the queue's metrics: ${describe(error, false)}` });
+    }
+  }
+
   return async (request) => {
+    if (request.method === "GET" && new URL(request.url).pathname.endsWith("/metrics")) {
+      return await serveMetrics(request);
+    }
     if (request.method !== "POST") {
-      return reply(405, { error: "Use POST to wake the worker." }, {
+      return reply(405, { error: "Use POST to wake the worker (or GET .../metrics)." }, {
         Allow: "POST",
       });
     }

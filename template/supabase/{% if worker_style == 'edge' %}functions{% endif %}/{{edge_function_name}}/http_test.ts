@@ -4,7 +4,9 @@ import { createWakeHandler, parseWake } from "./http.ts";
 import { defineHandler } from "./job.ts";
 import type { Settings } from "./settings.ts";
 import { MemoryQueue } from "./testing.ts";
-import type { DrainSummary } from "./worker.ts";
+import { PROMETHEUS_CONTENT_TYPE } from "./metrics.ts";
+import type { MetricSample } from "./queue.ts";
+import type { DrainSummary, LogEvent } from "./worker.ts";
 
 const settings: Settings = {
   supabaseUrl: "http://127.0.0.1:54321",
@@ -24,19 +26,30 @@ function wake(authorization: string | null, body = '{"reason":"enqueue","queues"
   return new Request("http://localhost/job-worker", { method: "POST", headers, body });
 }
 
-function setUp(overrides: Partial<Settings> = {}) {
+function setUp(
+  overrides: Partial<Settings> = {},
+  metrics: () => Promise<MetricSample[]> = () => Promise.resolve([]),
+) {
   const queue = new MemoryQueue();
   const pending: Promise<unknown>[] = [];
   const summaries: DrainSummary[] = [];
+  const logged: LogEvent[] = [];
   const handle = createWakeHandler({
     settings: { ...settings, ...overrides },
     queue,
     handlers,
     waitUntil: (work) => pending.push(work),
     onDrained: (summary) => summaries.push(summary),
-    log: () => {},
+    log: (event) => logged.push(event),
+    metrics,
   });
-  return { queue, pending, summaries, handle };
+  return { queue, pending, summaries, logged, handle };
+}
+
+function scrape(authorization: string | null, path = "/job-worker/metrics") {
+  const headers = new Headers();
+  if (authorization !== null) headers.set("Authorization", authorization);
+  return new Request(`http://localhost${path}`, { headers });
 }
 
 Deno.test("a wake-up with the service key is answered 202 and the jobs run after", async () => {
@@ -97,6 +110,43 @@ Deno.test("only POST wakes the worker", async () => {
   assert.equal(response.status, 405);
   assert.equal(response.headers.get("Allow"), "POST");
   await response.body?.cancel();
+});
+
+Deno.test("GET /metrics with the service key answers the metrics as Prometheus text", async () => {
+  const { handle } = setUp({}, () =>
+    Promise.resolve([
+      { metric: "pgqueue_jobs_queued", labels: { queue: "default", kind: "ok" }, value: 2 },
+    ]));
+  const response = await handle(scrape("Bearer service-key"));
+  assert.equal(response.status, 200);
+  assert.equal(response.headers.get("Content-Type"), PROMETHEUS_CONTENT_TYPE);
+  assert.match(await response.text(), /^pgqueue_jobs_queued\{queue="default",kind="ok"\} 2$/m);
+});
+
+Deno.test("GET /metrics without the service key is refused with 401", async () => {
+  let read = 0;
+  const { handle } = setUp({}, () => {
+    read++;
+    return Promise.resolve([]);
+  });
+  for (const authorization of [null, "Bearer wrong-key", "service-key"]) {
+    const response = await handle(scrape(authorization));
+    assert.equal(response.status, 401);
+    assert.equal(response.headers.get("WWW-Authenticate"), 'Bearer realm="metrics"');
+    assert.match((await response.json()).error, /Authorization: Bearer <service key>/);
+  }
+  assert.equal(read, 0, "the metrics are not even read");
+});
+
+Deno.test("GET /metrics answers 503 when the metrics cannot be read", async () => {
+  const { handle, logged } = setUp({}, () => Promise.reject(new Error("database is down")));
+  const response = await handle(scrape("Bearer service-key"));
+  assert.equal(response.status, 503);
+  assert.match(
+    (await response.json()).error,
+    /Cannot read the queue's metrics: .*database is down/,
+  );
+  assert.deepEqual(logged.map(({ event }) => event), ["metrics.error"]);
 });
 
 Deno.test("a malformed body is answered 400", async () => {

@@ -74,6 +74,11 @@ export interface EnqueueOptions {
    * and the later of the two run_after). A running or finished job is never changed.
    */
   onConflict?: OnConflict;
+  /**
+   * A W3C traceparent (`00-<32 hex trace-id>-<16 hex parent-id>-<2 hex flags>`): the job's
+   * handler span joins that trace. The database refuses a malformed one (code 22023).
+   */
+  traceparent?: string;
 }
 
 /** One job of enqueueMany(); a taken idempotency key keeps the existing job. */
@@ -127,6 +132,27 @@ export interface QueueState {
   rate_burst: number | null;
   queued: number;
   running: number;
+}
+
+/**
+ * A row of metrics(): one Prometheus sample. Names ending in `_total` are counters, the others
+ * gauges; label values are strings.
+ */
+export interface MetricSample {
+  metric: string;
+  labels: Record<string, string>;
+  value: number;
+}
+
+/** A row of throughput(): the jobs of one queue that finished in one minute. */
+export interface ThroughputPoint {
+  /** The minute (ISO timestamp). */
+  minute: string;
+  queue: string;
+  done: number;
+  /** Dead-lettered. */
+  failed: number;
+  cancelled: number;
 }
 
 /** A row of the `schedules` view: a recurring job and its pg_cron state. */
@@ -197,6 +223,15 @@ export interface Queue extends WorkerQueue {
   schedules(): Promise<Schedule[]>;
   queueStates(): Promise<QueueState[]>;
   stats(): Promise<StatsRow[]>;
+  /** The queue's gauges and counters, ordered by metric then labels. */
+  metrics(): Promise<MetricSample[]>;
+  /**
+   * Jobs finished per minute and queue over the last `minutes` (1 to 1440, default 30),
+   * oldest first, a row for every minute of every queue; refused (22023) outside that range.
+   */
+  throughput(minutes?: number): Promise<ThroughputPoint[]>;
+  /** The traceparent each of these live jobs was enqueued with, for those that have one. */
+  traceContexts(ids: readonly number[]): Promise<Map<number, string>>;
   /** Changes the settings in `changes` (none: only reads); the whole configuration. */
   configure(changes?: Record<string, Json>): Promise<Record<string, Json>>;
 }
@@ -350,6 +385,14 @@ export function supabaseQueue(settings: QueueConnection): Queue {
     schedules: () => read<Schedule>("schedules"),
     queueStates: () => read<QueueState>("queue_states"),
     stats: () => read<StatsRow>("stats"),
+    metrics: () => call<MetricSample[]>("metrics", {}),
+    throughput: (minutes = 30) => call<ThroughputPoint[]>("throughput", { minutes }),
+    traceContexts: async (ids) => {
+      const rows = await call<{ id: number; traceparent: string }[]>("trace_contexts", {
+        job_ids: ids,
+      });
+      return new Map(rows.map(({ id, traceparent }) => [id, traceparent]));
+    },
     configure: (changes = {}) => call<Record<string, Json>>("configure", { changes }),
   };
 }
@@ -365,6 +408,7 @@ function newJobArgs(options: Omit<EnqueueOptions, "onConflict">): Record<string,
     concurrency_key: options.concurrencyKey === undefined
       ? undefined
       : checkedKey(options.concurrencyKey),
+    traceparent: options.traceparent,
   };
   return Object.fromEntries(Object.entries(args).filter(([, value]) => value !== undefined));
 }

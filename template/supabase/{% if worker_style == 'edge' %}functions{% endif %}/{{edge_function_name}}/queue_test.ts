@@ -70,6 +70,7 @@ Deno.test("each method calls its SQL function with its named arguments", async (
       maxAttempts: 3,
       concurrencyKey: "tenant-42",
       onConflict: "debounce",
+      traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
     });
     await queue.setConcurrencyLimit("tenant-42", 2);
     await queue.setConcurrencyLimit("tenant-42", null);
@@ -83,6 +84,8 @@ Deno.test("each method calls its SQL function with its named arguments", async (
     await queue.complete(claimed);
     await queue.progress(claimed, { done: 1 });
     await queue.configure({ max_result_bytes: 1024 });
+    await queue.throughput();
+    await queue.throughput(60);
 
     assert.ok(got.every((request) => request.method === "POST"));
     assert.ok(got.every((request) => request.schema === "jobs_schema"));
@@ -97,6 +100,7 @@ Deno.test("each method calls its SQL function with its named arguments", async (
         priority: 5,
         max_attempts: 3,
         concurrency_key: "tenant-42",
+        traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
         on_conflict: "debounce",
       }],
       ["rpc/set_concurrency_limit", { concurrency_key: "tenant-42", max_running: 2 }],
@@ -117,6 +121,8 @@ Deno.test("each method calls its SQL function with its named arguments", async (
       ["rpc/complete", { job_id: 7, lock_token: claimed.lock_token, result: null }],
       ["rpc/progress", { job_id: 7, lock_token: claimed.lock_token, progress: { done: 1 } }],
       ["rpc/configure", { changes: { max_result_bytes: 1024 } }],
+      ["rpc/throughput", { minutes: 30 }],
+      ["rpc/throughput", { minutes: 60 }],
     ]);
   });
 });
@@ -136,6 +142,22 @@ Deno.test("enqueueMany sends one array, each job's options under their SQL names
       ],
     });
   });
+});
+
+Deno.test("metrics() and traceContexts() read their functions' rows", async () => {
+  const sample = { metric: "pgqueue_jobs_queued", labels: { queue: "q", kind: "k" }, value: 3 };
+  const traced = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  await withApi(
+    (path) => path === "rpc/metrics" ? [sample] : [{ id: 4, traceparent: traced }],
+    async (queue, got) => {
+      assert.deepEqual(await queue.metrics(), [sample]);
+      assert.deepEqual(await queue.traceContexts([4, 5]), new Map([[4, traced]]));
+      assert.deepEqual(got.map(({ path, body }) => [path, body]), [
+        ["rpc/metrics", {}],
+        ["rpc/trace_contexts", { job_ids: [4, 5] }],
+      ]);
+    },
+  );
 });
 
 Deno.test("results go with completions only when a job has one", async () => {
