@@ -7,10 +7,12 @@ ASGI app instead. It serves what the generated projects call through them, and n
   (`client.schema(s).rpc(fn, args)`), optionally with `select=` naming columns of the rows it
   returns, cast or not (the Python transport's complete_and_claim asks for
   `payload::text`);
-- `GET /rest/v1/<table or view>` with `select=` (`*` or columns), `order=` and `limit=` (the
-  CLI reads `stats`, `unclaimed` and `dead_letters` so).
+- `GET /rest/v1/<table or view>` with `select=` (`*` or columns), `order=`, `limit=` and
+  comparison filters (`column=eq.value`, and `neq`, `gt`, `gte`, `lt`, `lte`): the CLI reads
+  `stats`, `unclaimed` and `dead_letters` so, the dashboard the retrying jobs
+  (`jobs?status=eq.queued&attempts=gt.0`).
 
-Anything else a client can send (other methods and paths, filters, `offset`, embedding,
+Anything else a client can send (other methods and paths, other filters, `offset`, embedding,
 `Prefer: count=...`, `.single()`'s object media type) is answered 501 PGRST127, naming this
 stand-in: a test that comes to need more fails loudly instead of getting an answer PostgREST
 would not give.
@@ -301,6 +303,27 @@ def _order_by(order: str | None) -> str:
             raise PgrstError(400, "PGRST100", f'"failed to parse order ({order})"')
         terms.append(_ident(column) + "".join(_ORDER_MODIFIERS[m] for m in modifiers))
     return " order by " + ", ".join(terms)
+
+
+_COMPARISONS = {"eq": "=", "neq": "<>", "gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
+# Query parameters that are not filters; the ones not served are refused.
+_RESERVED = {"select", "order", "limit", "offset", "columns", "on_conflict", "and", "or", "not"}
+
+
+def _filters(request: Request) -> str:
+    """`status=eq.queued&attempts=gt.0` as a WHERE clause; the value is an untyped literal, so
+    Postgres reads it as the column's type, as PostgREST has it."""
+    terms = []
+    for column, condition in request.query_params.multi_items():
+        if column in _RESERVED:
+            continue
+        operator, dot, value = condition.partition(".")
+        if not _IDENTIFIER.fullmatch(column) or not dot:
+            raise PgrstError(400, "PGRST100", f'"failed to parse filter ({condition})"')
+        if operator not in _COMPARISONS:
+            raise _not_served(f"the filter {operator}. (only {', '.join(_COMPARISONS)})")
+        terms.append(f"{_ident(column)} {_COMPARISONS[operator]} {_lit(value)}")
+    return " where " + " and ".join(terms) if terms else ""
 
 
 def _limit(limit: str | None) -> str:
@@ -612,8 +635,10 @@ class PostgRESTStandIn:
         return await self._run(auth, work)
 
     async def _read(self, request: Request, auth: _Auth, schema: str, table: str) -> Response:
-        _refuse_what_is_not_served(request, {"select", "order", "limit"})
+        filtered = set(request.query_params) - _RESERVED
+        _refuse_what_is_not_served(request, {"select", "order", "limit", *filtered})
         select = _select_list(request.query_params.get("select"))
+        where = _filters(request)
         order = _order_by(request.query_params.get("order"))
         limit = _limit(request.query_params.get("limit"))
         begin = self._begin_sql(auth, schema, read_only=True) + (
@@ -625,7 +650,7 @@ class PostgRESTStandIn:
         relation = f"{_ident(schema)}.{_ident(table)}"
         sql = (
             f"select coalesce(json_agg(r), '[]')::text"
-            f" from (select {select} from {relation}{order}{limit}) as r"
+            f" from (select {select} from {relation}{where}{order}{limit}) as r"
         )
 
         async def work(conn: AsyncConnection) -> Response:

@@ -1,12 +1,14 @@
 """The fixtures more than one folder of tests uses: the template as it is on disk, the stack
 (one Supabase-like PostgreSQL cluster per session), the default project migrated onto it, a
-connection to its emptied queue, the PostgREST stand-in in front of it, and an interpreter
-that can run any Python variant's worker. Each folder's conftest.py has only its own."""
+connection to its emptied queue, the PostgREST stand-in in front of it, the stack under the
+names a project reads, an interpreter that can run any Python variant's worker, and each
+Python variant installed in a venv of its own. Each folder's conftest.py has only its own."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import psycopg
@@ -14,9 +16,10 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from testkit.cluster import Cluster
-from testkit.postgrest import PostgRESTStandIn
-from testkit.project import push_migrations, render, snapshot_template
+from testkit.postgrest import PostgRESTStandIn, make_jwt
+from testkit.project import PYTHON_VARIANTS, Variant, push_migrations, render, snapshot_template
 from testkit.stack import start_supabase_like_cluster
+from tests.support.workers import Installed, install
 
 
 @pytest.fixture(scope="session")
@@ -53,6 +56,17 @@ def postgrest(stack: Cluster, project: Path) -> Iterator[PostgRESTStandIn]:
         yield api
 
 
+@pytest.fixture(scope="session")
+def service_role_key() -> str:
+    return make_jwt("service_role")
+
+
+@pytest.fixture(scope="session")
+def stack_env(stack: Cluster, postgrest: PostgRESTStandIn, service_role_key: str) -> dict:
+    """Our stack under the names `supabase status -o env` prints, which projects read."""
+    return {"API_URL": postgrest.url, "SERVICE_ROLE_KEY": service_role_key, "DB_URL": stack.dsn()}
+
+
 @pytest.fixture
 def db(stack: Cluster, project: Path) -> Iterator[psycopg.Connection]:
     """A superuser connection to a database with the default project's queue, emptied, and
@@ -86,3 +100,16 @@ def interpreter(tmp_path_factory: pytest.TempPathFactory) -> Path:
     python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     python.chmod(0o755)
     return root
+
+
+@pytest.fixture(scope="session")
+def installs(
+    template: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[Variant, Future[Installed]]]:
+    """Every variant, installing in the background from the first test that needs one on
+    (uv mostly waits on the network); each test waits for its own variant only."""
+    with ThreadPoolExecutor(max_workers=len(PYTHON_VARIANTS)) as pool:
+        yield {
+            variant: pool.submit(install, template, tmp_path_factory.mktemp(str(variant)), variant)
+            for variant in PYTHON_VARIANTS
+        }

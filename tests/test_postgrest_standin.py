@@ -1,7 +1,7 @@
 """The PostgREST stand-in (testkit/postgrest.py), driven by the real supabase-py client (raw
 HTTP where a status code is the point): exactly what the generated projects call through it.
-RPC with its shapes and errors, the role switch, reads with select/order/limit; everything
-else is refused with 501."""
+RPC with its shapes and errors, the role switch, reads with select/order/limit and comparison
+filters; everything else is refused with 501."""
 
 from __future__ import annotations
 
@@ -491,6 +491,42 @@ def test_reads_of_the_views_with_select_order_and_limit(standin, db):
     assert rows == [{"kind": "c", "jobs": 1}, {"kind": "b", "jobs": 1}, {"kind": "a", "jobs": 2}]
 
 
+def test_reads_with_comparison_filters(standin, db):
+    """As the dashboard lists the jobs waiting to retry: `jobs?status=eq.queued&attempts=gt.0`;
+    values are read as the column's type."""
+    q = client(standin).schema("pgqueue")
+    ids = q.rpc("enqueue_many", {"jobs": [{"kind": "a"}, {"kind": "b"}, {"kind": "c"}]}).execute()
+    first, second, third = ids.data
+    [(token,)] = db.execute(
+        "select lock_token from pgqueue.claim('w', 1, kinds => array['a'])"
+    ).fetchall()
+    assert db.execute("select pgqueue.fail(%s, %s, 'boom')", (first, token)).fetchone() == (
+        "queued",
+    )
+    db.execute("select pgqueue.claim('w', 1, kinds => array['b'])")
+    retrying = (
+        q.table("jobs")
+        .select("id", "attempts", "last_error")
+        .eq("status", "queued")
+        .gt("attempts", 0)
+        .execute()
+        .data
+    )
+    assert retrying == [{"id": first, "attempts": 1, "last_error": "boom"}]
+    rows = q.table("jobs").select("id").neq("status", "running").lte("id", third).order("id")
+    assert [r["id"] for r in rows.execute().data] == [first, third]
+    assert [
+        r["id"]
+        for r in q.table("jobs").select("id").gte("id", second).lt("id", third).execute().data
+    ] == [second]
+    response = httpx.get(
+        f"{standin.url}/rest/v1/jobs?id=eq",
+        headers={"Accept-Profile": "pgqueue", "Authorization": f"Bearer {service_role()}"},
+        timeout=10,
+    )
+    assert (response.status_code, response.json()["code"]) == (400, "PGRST100")
+
+
 def test_read_errors(standin):
     q = client(standin).schema("pgqueue")
     with pytest.raises(APIError) as err:
@@ -513,7 +549,8 @@ def test_read_errors(standin):
 def test_what_the_generated_code_does_not_call_is_refused_with_501(standin, db):
     q = client(standin).schema("pgqueue")
     not_served = {
-        "a filter": q.table("stats").select("*").eq("kind", "a"),
+        "a pattern filter": q.table("stats").select("*").like("kind", "a%"),
+        "an or filter": q.table("stats").select("*").or_("kind.eq.a,kind.eq.b"),
         "offset": q.table("stats").select("*").offset(1),
         "a count": q.table("stats").select("*", count=CountMethod.exact),
         "one object": q.table("stats").select("*").limit(1).single(),

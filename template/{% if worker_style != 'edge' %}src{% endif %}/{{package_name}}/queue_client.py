@@ -346,6 +346,11 @@ class QueueClient(Protocol):
         """Rows of the `dead_letters` view, newest first."""
         ...
 
+    async def retrying(self, limit: int = 50) -> list[dict[str, Any]]:
+        """Queued jobs whose last attempt failed, waiting for the next one (soonest first):
+        id, queue, kind, attempts, max_attempts, last_error, run_after, created_at."""
+        ...
+
     async def checkin(self, worker: str, queue: str, kinds: list[str]) -> None:
         """Tell the database that `worker` claims `kinds` from `queue` (see `unclaimed`)."""
         ...

@@ -1,0 +1,129 @@
+# Dashboard machinery: you should not need to edit this file.
+"""What the dashboard reads from the queue and asks of it: the `QueueSource` protocol.
+
+The dashboard imports nothing from the rest of the project. The worker's queue client (either
+transport) is a QueueSource as it is, and so is any client of the same SQL functions and
+views. Rows of views (`stats`, `dead_letters`, live jobs) come as mappings keyed by the
+views' column names; the rest as objects with the attributes below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+Row = Mapping[str, Any]
+
+
+class QueueStateRow(Protocol):
+    """A row of the `queue_states` view."""
+
+    @property
+    def queue(self) -> str: ...
+    @property
+    def paused(self) -> bool: ...
+    @property
+    def paused_at(self) -> datetime | None: ...
+    @property
+    def queued(self) -> int: ...
+    @property
+    def running(self) -> int: ...
+
+
+class ThroughputRow(Protocol):
+    """A row of `throughput(minutes)`: a queue's jobs finished in one minute."""
+
+    @property
+    def minute(self) -> datetime: ...
+    @property
+    def queue(self) -> str: ...
+    @property
+    def done(self) -> int: ...
+    @property
+    def failed(self) -> int: ...
+    @property
+    def cancelled(self) -> int: ...
+
+
+class JobRow(Protocol):
+    """A row of `job(id)`: one job, live or finished."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def queue(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def priority(self) -> int | None: ...
+    @property
+    def attempts(self) -> int: ...
+    @property
+    def max_attempts(self) -> int | None: ...
+    @property
+    def payload(self) -> Any: ...
+    @property
+    def progress(self) -> Any: ...
+    @property
+    def result(self) -> Any: ...
+    @property
+    def last_error(self) -> str | None: ...
+    @property
+    def concurrency_key(self) -> str | None: ...
+    @property
+    def idempotency_key(self) -> str | None: ...
+    @property
+    def run_after(self) -> datetime | None: ...
+    @property
+    def locked_until(self) -> datetime | None: ...
+    @property
+    def created_at(self) -> datetime: ...
+    @property
+    def finished_at(self) -> datetime | None: ...
+
+
+class QueueSource(Protocol):
+    """The queue's SQL functions and views, as the dashboard calls them."""
+
+    async def stats(self) -> Sequence[Row]:
+        """Rows of the `stats` view: jobs per queue, kind and status."""
+        ...
+
+    async def queue_states(self) -> Sequence[QueueStateRow]:
+        """Rows of the `queue_states` view: queues with live jobs, a pause or a rate limit."""
+        ...
+
+    async def dead_letters(self, limit: int = 50) -> Sequence[Row]:
+        """Rows of the `dead_letters` view, newest first."""
+        ...
+
+    async def retrying(self, limit: int = 50) -> Sequence[Row]:
+        """Queued jobs that failed before and wait for their next attempt, soonest first."""
+        ...
+
+    async def throughput(self, minutes: int = 30) -> Sequence[ThroughputRow]:
+        """Jobs finished per minute and queue over the last `minutes`, oldest first."""
+        ...
+
+    async def job(self, job_id: int) -> JobRow | None:
+        """One job by id; None for an unknown (or pruned) one."""
+        ...
+
+    async def retry(self, job_id: int) -> bool:
+        """Queue a dead-lettered or cancelled job again; False for any other."""
+        ...
+
+    async def cancel(self, job_id: int) -> bool:
+        """Cancel a queued or running job; False when it has finished."""
+        ...
+
+    async def pause(self, queue: str) -> bool:
+        """Stop claiming the queue's jobs; False when it was paused already."""
+        ...
+
+    async def resume(self, queue: str) -> bool:
+        """Claim the queue's jobs again; False when it was not paused."""
+        ...

@@ -1,0 +1,59 @@
+"""The dashboard as a project ships it: in the Python project's wheel (what the Dockerfile
+installs), with its page templates and stylesheet, which an editable install would not miss;
+and in an edge project's dashboard/, a Python project of its own, made of the same files."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+from testkit.project import render, run
+
+from .conftest import EdgeDashboard
+
+
+def test_the_wheel_carries_the_dashboards_pages(template: Path, tmp_path: Path) -> None:
+    project = render(template, tmp_path / "app", worker_style="python")
+    run(["uv", "build", "--wheel", "--quiet", "--out-dir", tmp_path / "dist"], cwd=project)
+    [wheel] = (tmp_path / "dist").glob("*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    source = project / "src"
+    shipped = {
+        path.relative_to(source).as_posix()
+        for path in (source / "my_app" / "dashboard").rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+    assert {
+        "my_app/dashboard/templates/overview.html",
+        "my_app/dashboard/static/dashboard.css",
+    } <= shipped
+    assert shipped <= names
+
+
+def test_the_edge_dashboard_is_the_same_dashboard(
+    template: Path, tmp_path: Path, edge_dashboard: EdgeDashboard
+) -> None:
+    """One source of truth: the edge project's dashboard/ includes the Python variant's files."""
+    python = render(template, tmp_path / "app", worker_style="python") / "src" / "my_app"
+    edge = edge_dashboard.path / "src" / "my_app"
+
+    def files(package: Path) -> dict[str, bytes]:
+        return {
+            path.relative_to(package).as_posix(): path.read_bytes()
+            for path in (package / "dashboard").rglob("*")
+            if path.is_file() and "__pycache__" not in path.parts
+        }
+
+    assert files(edge) == files(python)
+    assert len(files(edge)) > 10
+
+
+def test_the_edge_dashboard_passes_ruff_mypy_and_its_own_tests(
+    edge_dashboard: EdgeDashboard,
+) -> None:
+    here = edge_dashboard.path
+    run([edge_dashboard.bin("ruff"), "check", "."], cwd=here)
+    run([edge_dashboard.bin("ruff"), "format", "--check", "."], cwd=here)
+    assert "Success: no issues found" in run([edge_dashboard.bin("mypy")], cwd=here)
+    out = run([edge_dashboard.bin("pytest"), "-q", "-p", "no:cacheprovider"], cwd=here)
+    assert " passed" in out and "skipped" not in out, out
