@@ -34,6 +34,8 @@ CALL = (
     f"select id, lock_token, concurrency_key, clock_timestamp() from {S}.complete_and_claim("
     "%s, %s::bigint[], %s::uuid[], %s, null, %s)"
 )
+# rate_limit: when the claim that just ran in this transaction took its tokens.
+TOKENS_TAKEN_AT = f"select tokens_at from {S}.queues where queue = %s"
 WARM_UP = "warm-up"  # a queue nobody enqueues to: the statement is prepared on it
 
 SMALL_KEYS = 10  # fairness: the small keys, each with SMALL_JOBS jobs
@@ -156,10 +158,18 @@ def _rate_claimer(
         ids: list[int] = []
         tokens: list[Any] = []
         while not stop.is_set():
-            rows = conn.execute(CALL, (name, ids, tokens, CLAIM_BATCH, RATED_QUEUE), prepare=True)
-            rows = rows.fetchall()
+            # The bucket's row stays locked by this transaction until it commits, so its
+            # tokens_at is the moment this claim took its tokens: the time the guarantee is
+            # about. (A clock read as the rows come back lags it by however long the rest of
+            # the call took, and on a loaded machine that lag alone looked like an excess.)
+            with conn.transaction():
+                rows = conn.execute(
+                    CALL, (name, ids, tokens, CLAIM_BATCH, RATED_QUEUE), prepare=True
+                ).fetchall()
+                taken_at = conn.execute(TOKENS_TAKEN_AT, (RATED_QUEUE,), prepare=True)
+                taken = taken_at.fetchone()[0].timestamp()
             ids, tokens = [row[0] for row in rows], [row[1] for row in rows]
-            claimed += [row[3].timestamp() for row in rows]
+            claimed += [taken] * len(rows)
         conn.execute(CALL, (name, ids, tokens, 0, RATED_QUEUE)).fetchall()
     out.put(claimed)
 
