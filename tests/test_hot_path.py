@@ -13,6 +13,7 @@ from psycopg.rows import dict_row
 
 from testkit.cluster import Cluster
 from tests.support.jobs import job
+from tests.support.plans import plans_logged
 from tests.test_queue import enqueue_n, expire_lease
 
 
@@ -191,16 +192,8 @@ def plans_of_a_steady_call(db: psycopg.Connection) -> str:
     batch: list[dict] = []
     for _ in range(8):
         batch = complete_and_claim(db, batch, max_jobs=100)
-    plans: list[str] = []
-    db.add_notice_handler(lambda notice: plans.append(notice.message_primary or ""))
-    db.execute(
-        "load 'auto_explain'; set auto_explain.log_min_duration = 0;"
-        " set auto_explain.log_nested_statements = on; set client_min_messages = log"
-    )
-    try:
+    with plans_logged(db) as plans:
         complete_and_claim(db, batch, max_jobs=100)
-    finally:
-        db.execute("reset client_min_messages; set auto_explain.log_min_duration = -1")
     return "\n".join(p for p in plans if "pgqueue.jobs" in p)
 
 

@@ -15,6 +15,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from testkit.project import REPO
+from tests.support.plans import plans_logged
 from tests.test_hot_path import complete_and_claim
 from tests.test_queue import enqueue_n, expire_lease
 
@@ -368,17 +369,9 @@ def test_metrics_and_throughput_read_finished_jobs_only_through_indexes(
         "analyze pgqueue.job_history; analyze pgqueue.done_batches"
     )
     enqueue_n(db, 100, queue="q1")
-    plans: list[str] = []
-    db.add_notice_handler(lambda notice: plans.append(notice.message_primary or ""))
-    db.execute(
-        "load 'auto_explain'; set auto_explain.log_min_duration = 0;"
-        " set auto_explain.log_nested_statements = on; set client_min_messages = log"
-    )
-    try:
+    with plans_logged(db) as plans:
         samples = metrics(db)
         db.execute("select * from pgqueue.throughput(1440)")
-    finally:
-        db.execute("reset client_min_messages; set auto_explain.log_min_duration = -1")
     nested = "\n".join(plans)
     assert "Seq Scan on job_history" not in nested, nested
     assert "Seq Scan on done_batches" not in nested, nested
