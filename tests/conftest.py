@@ -89,6 +89,23 @@ def config(db: psycopg.Connection) -> Iterator[dict]:
     db.execute("select pgqueue.configure(%s)", (Jsonb(restore),))
 
 
+@pytest.fixture
+def flow(db: psycopg.Connection, config: dict) -> Iterator[psycopg.Connection]:
+    """The db with no queue state (pause, rate limit), concurrency limit or schedule before and
+    after the test, and its configuration put back: a test that fails half-way must not leave
+    the default queue paused for the next one."""
+
+    def clean() -> None:
+        db.execute(
+            "truncate pgqueue.queues, pgqueue.concurrency_limits, pgqueue.running_keys;"
+            "select pgqueue.unschedule(name) from pgqueue.schedules_defined"
+        )
+
+    clean()
+    yield db
+    clean()
+
+
 @pytest.fixture(scope="session")
 def interpreter(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A venv-shaped folder whose bin/python runs pytest's own interpreter (a script, not a

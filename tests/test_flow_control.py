@@ -14,24 +14,8 @@ from psycopg.types.json import Jsonb
 
 from testkit.cluster import Cluster
 from tests.support.jobs import job, job_by_id, running_of_key
-from tests.test_hot_path import complete_and_claim
+from tests.test_hot_path import claimers_drain, complete_and_claim
 from tests.test_queue import enqueue_n
-
-
-@pytest.fixture
-def flow(db: psycopg.Connection, config: dict) -> psycopg.Connection:
-    """The db, with no queue state, limits or schedules before and after the test."""
-
-    def clean() -> None:
-        db.execute(
-            "truncate pgqueue.queues, pgqueue.concurrency_limits, pgqueue.running_keys;"
-            "select pgqueue.unschedule(name) from pgqueue.schedules_defined"
-        )
-
-    clean()
-    yield db
-    clean()
-
 
 # -- concurrency keys -------------------------------------------------------------------
 
@@ -43,36 +27,8 @@ def test_no_more_than_a_keys_limit_run_at_once_across_concurrent_claimers(
     assert db.execute("select pgqueue.set_concurrency_limit('tenant-a', 3)").fetchone() == (3,)
     keyed = enqueue_n(db, 240, concurrency_key="tenant-a")
     other = enqueue_n(db, 240)
-    completed: Counter[int] = Counter()
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def claimer(n: int) -> None:
-        try:
-            with stack.connect(autocommit=True) as conn:
-                batch: list[dict] = []
-                while True:
-                    nxt = complete_and_claim(conn, batch, max_jobs=10)
-                    with lock:
-                        completed.update(j["id"] for j in batch)
-                    if not nxt:
-                        if conn.execute("select count(*) from pgqueue.jobs").fetchone()[0]:
-                            time.sleep(0.01)  # jobs left, all of the limited key: wait
-                            batch = []
-                            continue
-                        return
-                    time.sleep(0.005)  # the handler
-                    batch = nxt
-        except BaseException as exc:
-            errors.append(exc)
-
     with running_of_key(stack, "tenant-a", every=0) as seen_running:
-        threads = [threading.Thread(target=claimer, args=(n,)) for n in range(8)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(120)
-    assert not errors
+        completed = claimers_drain(stack, claimers=8, max_jobs=10, hold=0.005, wait_for_slots=True)
     assert sorted(completed) == sorted(keyed + other) and set(completed.values()) == {1}
     assert max(seen_running) <= 3, "the audit saw more running than the key's limit"
     assert max(seen_running) == 3, "and the limit was reached, so it was tested"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections import Counter
 
 import psycopg
@@ -34,6 +35,45 @@ def complete_and_claim(
                 **kw,
             },
         ).fetchall()
+
+
+def claimers_drain(
+    stack: Cluster, claimers: int, max_jobs: int, hold: float = 0.0, wait_for_slots: bool = False
+) -> Counter[int]:
+    """`claimers` threads, each on its own connection, loop complete_and_claim() (`max_jobs` a
+    call, holding each batch `hold` seconds, as a handler would) until it claims nothing; with
+    `wait_for_slots`, until no job is left at all (the jobs left may all be of a full key).
+    How many times each job id was completed."""
+    completed: Counter[int] = Counter()
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def claimer() -> None:
+        try:
+            with stack.connect(autocommit=True) as conn:
+                batch: list[dict] = []
+                while True:
+                    nxt = complete_and_claim(conn, batch, max_jobs=max_jobs)
+                    with lock:
+                        completed.update(j["id"] for j in batch)
+                    batch = nxt
+                    if not nxt:
+                        left = conn.execute("select count(*) from pgqueue.jobs").fetchone()[0]
+                        if not (wait_for_slots and left):
+                            return
+                        time.sleep(0.01)  # jobs left, all of a full key: wait
+                    elif hold:
+                        time.sleep(hold)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=claimer) for _ in range(claimers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors
+    return completed
 
 
 def test_one_call_completes_the_last_batch_and_claims_the_next(db: psycopg.Connection) -> None:
@@ -103,30 +143,7 @@ def test_four_looping_claimers_run_every_job_exactly_once(
     db: psycopg.Connection, stack: Cluster
 ) -> None:
     ids = enqueue_n(db, 10_000)
-    completed: Counter[int] = Counter()
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def claimer(n: int) -> None:
-        try:
-            with stack.connect(autocommit=True) as conn:
-                batch: list[dict] = []
-                while True:
-                    nxt = complete_and_claim(conn, batch, max_jobs=50)
-                    with lock:
-                        completed.update(j["id"] for j in batch)
-                    if not nxt:
-                        return
-                    batch = nxt
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=claimer, args=(n,)) for n in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    assert not errors
+    completed = claimers_drain(stack, claimers=4, max_jobs=50)
     assert sorted(completed) == ids and set(completed.values()) == {1}
     assert db.execute(
         "select status, attempts, count(*) from pgqueue.all_jobs group by 1, 2"

@@ -36,22 +36,6 @@ TOO_BIG_TAIL = (
 )
 
 
-@pytest.fixture
-def flow_db(db: psycopg.Connection, config: dict) -> Iterator[psycopg.Connection]:
-    """The db with no queue state, limits or schedules, before and after the test; the config
-    is put back after it."""
-
-    def clean() -> None:
-        db.execute(
-            "truncate pgqueue.queues, pgqueue.concurrency_limits, pgqueue.running_keys;"
-            "select pgqueue.unschedule(name) from pgqueue.schedules_defined"
-        )
-
-    clean()
-    yield db
-    clean()
-
-
 @pytest.fixture(scope="module")
 def probe_worker(
     deno: Deno, probe_function_dir: Path, postgrest: PostgRESTStandIn
@@ -86,13 +70,13 @@ def enqueue_probes(
 
 
 def test_what_a_handler_returns_is_readable_by_job_id(
-    flow_db: psycopg.Connection,
+    flow: psycopg.Connection,
     probe_worker: EdgeWorker,
     deno: Deno,
     probe_function_dir: Path,
     postgrest: PostgRESTStandIn,
 ) -> None:
-    db = flow_db
+    db = flow
     point_wakeups_at(db, probe_worker)
     with_result, without = enqueue_probes(db, {"result": {"rows": 12, "file": "r.csv"}}, {})
 
@@ -108,13 +92,13 @@ def test_what_a_handler_returns_is_readable_by_job_id(
 
 
 def test_progress_is_readable_while_the_job_runs(
-    flow_db: psycopg.Connection,
+    flow: psycopg.Connection,
     probe_worker: EdgeWorker,
     deno: Deno,
     probe_function_dir: Path,
     postgrest: PostgRESTStandIn,
 ) -> None:
-    db = flow_db
+    db = flow
     point_wakeups_at(db, probe_worker)
     (job_id,) = enqueue_probes(
         db, {"progress": {"done": 1, "of": 2}, "holdMs": 3000, "result": "finished"}
@@ -135,9 +119,9 @@ def test_progress_is_readable_while_the_job_runs(
 
 
 def test_a_result_too_big_fails_its_job_and_the_drain_goes_on(
-    flow_db: psycopg.Connection, probe_worker: EdgeWorker
+    flow: psycopg.Connection, probe_worker: EdgeWorker
 ) -> None:
-    db = flow_db
+    db = flow
     point_wakeups_at(db, probe_worker)
     drains_before = len(summaries(probe_worker))
     # Three jobs a claim: the two too big come in the first batch, with a job that is fine.
@@ -172,9 +156,9 @@ def test_a_result_too_big_fails_its_job_and_the_drain_goes_on(
 
 
 def test_the_function_applies_the_configured_max_result_bytes(
-    flow_db: psycopg.Connection, probe_worker: EdgeWorker
+    flow: psycopg.Connection, probe_worker: EdgeWorker
 ) -> None:
-    db = flow_db
+    db = flow
     db.execute("""select pgqueue.configure('{"max_result_bytes": 100}')""")
     point_wakeups_at(db, probe_worker)
     small, large = enqueue_probes(db, {"result": {"ok": True}}, {"text": 101})
@@ -191,9 +175,9 @@ def test_the_function_applies_the_configured_max_result_bytes(
 
 
 def test_a_paused_queue_is_not_claimed_by_the_function(
-    flow_db: psycopg.Connection, probe_worker: EdgeWorker
+    flow: psycopg.Connection, probe_worker: EdgeWorker
 ) -> None:
-    db = flow_db
+    db = flow
     point_wake_ups(db, None, None)  # the test wakes the function itself
     assert db.execute("select pgqueue.pause('default')").fetchone() == (True,)
     ids = enqueue_probes(db, {}, {})
@@ -213,13 +197,13 @@ def test_a_paused_queue_is_not_claimed_by_the_function(
 
 
 def test_a_concurrency_limit_holds_across_two_function_instances(
-    flow_db: psycopg.Connection,
+    flow: psycopg.Connection,
     stack: Cluster,
     deno: Deno,
     probe_function_dir: Path,
     postgrest: PostgRESTStandIn,
 ) -> None:
-    db = flow_db
+    db = flow
     point_wake_ups(db, None, None)  # the test wakes each instance itself
     db.execute("select pgqueue.set_concurrency_limit('tenant-a', 3)")
     # Two jobs a claim each: together the instances could run four of the key's jobs at
@@ -254,12 +238,12 @@ def test_a_concurrency_limit_holds_across_two_function_instances(
 
 
 def test_the_queue_client_calls_each_function_of_the_contract(
-    flow_db: psycopg.Connection,
+    flow: psycopg.Connection,
     deno: Deno,
     probe_function_dir: Path,
     postgrest: PostgRESTStandIn,
 ) -> None:
-    db = flow_db
+    db = flow
     point_wake_ups(db, None, None)
 
     def client(*calls: list) -> list:

@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
 
@@ -28,22 +27,6 @@ from tests.support.jobs import (
     wait_until,
 )
 from tests.support.workers import PACKAGE, SCRIPT, Installed, Workers, wake_to
-
-
-@pytest.fixture
-def flow(db: psycopg.Connection) -> Iterator[psycopg.Connection]:
-    """The db, with no paused or rate-limited queue, limit or schedule before and after the
-    test (a test that fails half-way must not leave the default queue paused)."""
-
-    def clean() -> None:
-        db.execute(
-            "truncate pgqueue.queues, pgqueue.concurrency_limits, pgqueue.running_keys;"
-            "select pgqueue.unschedule(name) from pgqueue.schedules_defined"
-        )
-
-    clean()
-    yield db
-    clean()
 
 
 def until_finished(db: psycopg.Connection, job_id: int, timeout: float = 20) -> dict:
