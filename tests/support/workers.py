@@ -175,6 +175,13 @@ class Workers:
             worker.wait_ready()
         return worker
 
+    def start_woken(self, db: psycopg.Connection, key: str, **settings: object) -> WorkerProcess:
+        """A worker process, as start(); an HTTP one also gets this session's wake-ups."""
+        worker = self.start(**settings)
+        if self.installed.http:
+            wake_to(db, worker, key)
+        return worker
+
     def kill_all(self) -> None:
         for worker in self.started:
             worker.kill()

@@ -39,9 +39,7 @@ def test_job_enqueued_with_a_domain_row_runs_once(
     service_role_key: str,
     tmp_path: Path,
 ) -> None:
-    worker = workers.start()
-    if installed.http:
-        wake_to(db, worker, service_role_key)
+    worker = workers.start_woken(db, service_role_key)
     db.execute("create table if not exists public.e2e_orders (id serial primary key, note text)")
     log = tmp_path / "runs.jsonl"
     # the pattern the README shows: the job commits (or rolls back) with the row it is about
@@ -138,9 +136,7 @@ def test_worker_reconnects_after_losing_its_connections(
     service_role_key: str,
     tmp_path: Path,
 ) -> None:
-    worker = workers.start(WORKER_POLL_INTERVAL=60)
-    if installed.http:
-        wake_to(db, worker, service_role_key)
+    worker = workers.start_woken(db, service_role_key, WORKER_POLL_INTERVAL=60)
     log = tmp_path / "runs.jsonl"
     until_status(db, enqueue(db, log=str(log)), "done")  # connected and working
     killed = db.execute(
@@ -160,9 +156,7 @@ def test_failures_are_retried_dead_lettered_and_the_worker_goes_on(
     service_role_key: str,
     tmp_path: Path,
 ) -> None:
-    worker = workers.start()
-    if installed.http:
-        wake_to(db, worker, service_role_key)
+    worker = workers.start_woken(db, service_role_key)
     log = tmp_path / "runs.jsonl"
     raising = enqueue(db, log=str(log), error="boom", max_attempts=2)
     invalid = enqueue(db, log=42, sleep="long")
@@ -201,9 +195,7 @@ def test_a_quick_job_is_recorded_done_while_long_ones_hold_the_other_slots(
     """Four slots, and three long jobs and a quick one in the first claim: no claim follows
     the quick job (the next one waits for two free slots), yet its success is recorded at
     once, sent on its own, while the long jobs run. Theirs ride along with the next claim."""
-    worker = workers.start(WORKER_BATCH_SIZE=4)
-    if installed.http:
-        wake_to(db, worker, service_role_key)
+    worker = workers.start_woken(db, service_role_key, WORKER_BATCH_SIZE=4)
     log = tmp_path / "runs.jsonl"
     with db.transaction():  # one wake-up, one claim
         long = [enqueue(db, log=str(log), sleep=4) for _ in range(3)]
@@ -223,9 +215,7 @@ def test_jobs_of_a_killed_worker_complete_on_another_after_the_sweep(
     service_role_key: str,
     tmp_path: Path,
 ) -> None:
-    first = workers.start(WORKER_LEASE_SECONDS=1)
-    if installed.http:
-        wake_to(db, first, service_role_key)
+    first = workers.start_woken(db, service_role_key, WORKER_LEASE_SECONDS=1)
     log = tmp_path / "runs.jsonl"
     # One commit: the first worker gets them all in its first claim. (Enqueued one by one,
     # the python-http worker would take the first and then wait for it, 60 s, before it
@@ -258,9 +248,7 @@ def test_sigterm_lets_running_jobs_finish_and_exits_0(
     service_role_key: str,
     tmp_path: Path,
 ) -> None:
-    worker = workers.start()
-    if installed.http:
-        wake_to(db, worker, service_role_key)
+    worker = workers.start_woken(db, service_role_key)
     log = tmp_path / "runs.jsonl"
     ids = [enqueue(db, log=str(log), sleep=1.5) for _ in range(2)]
     wait_until(lambda: all(runs(log, i) for i in ids), what="both jobs to start")
@@ -278,9 +266,7 @@ def test_sigterm_releases_jobs_that_outlast_the_grace_period(
     service_role_key: str,
     tmp_path: Path,
 ) -> None:
-    worker = workers.start(WORKER_SHUTDOWN_GRACE=0.5)
-    if installed.http:
-        wake_to(db, worker, service_role_key)
+    worker = workers.start_woken(db, service_role_key, WORKER_SHUTDOWN_GRACE=0.5)
     log = tmp_path / "runs.jsonl"
     job_id = enqueue(db, log=str(log), sleep=60)
     wait_until(lambda: runs(log, job_id), what="the job to start")
@@ -335,9 +321,7 @@ def test_heartbeats_keep_a_long_job_leased(
     service_role_key: str,
     tmp_path: Path,
 ) -> None:
-    worker = workers.start(WORKER_LEASE_SECONDS=2)
-    if installed.http:
-        wake_to(db, worker, service_role_key)
+    worker = workers.start_woken(db, service_role_key, WORKER_LEASE_SECONDS=2)
     log = tmp_path / "runs.jsonl"
     job_id = enqueue(db, log=str(log), sleep=3.5)
     # the sweeper runs all along: without heartbeats it would rescue the job after 2 s
@@ -356,9 +340,7 @@ def test_a_payload_too_deep_to_decode_fails_its_own_job_only(
     """jsonb keeps 5,000 levels of nesting; Python's json module stops near 1,000. Claimed in
     the same batch as good jobs, the deep one must fail alone, with the reason stored (over
     the Data API too: claim's payload comes as text and is decoded job by job)."""
-    worker = workers.start(WORKER_BATCH_SIZE=10)
-    if installed.http:
-        wake_to(db, worker, service_role_key)
+    worker = workers.start_woken(db, service_role_key, WORKER_BATCH_SIZE=10)
     log = tmp_path / "runs.jsonl"
     depth = 5_000
     with db.transaction():  # one wake-up, one batch: the deep job and its neighbours

@@ -26,7 +26,7 @@ from tests.support.jobs import (
     runs,
     wait_until,
 )
-from tests.support.workers import PACKAGE, SCRIPT, Installed, Workers, wake_to
+from tests.support.workers import PACKAGE, SCRIPT, Installed, Workers
 
 
 def until_finished(db: psycopg.Connection, job_id: int, timeout: float = 20) -> dict:
@@ -37,14 +37,6 @@ def until_finished(db: psycopg.Connection, job_id: int, timeout: float = 20) -> 
     )
 
 
-def started(installed: Installed, workers: Workers, db: psycopg.Connection, key: str, **settings):
-    """A worker process; an HTTP one gets this session's wake-ups."""
-    worker = workers.start(**settings)
-    if installed.http:
-        wake_to(db, worker, key)
-    return worker
-
-
 def test_a_handlers_result_and_progress_are_read_by_job_id(
     installed: Installed,
     workers: Workers,
@@ -53,7 +45,7 @@ def test_a_handlers_result_and_progress_are_read_by_job_id(
     tmp_path: Path,
 ) -> None:
     db = flow
-    worker = started(installed, workers, db, service_role_key)
+    worker = workers.start_woken(db, service_role_key)
     log = tmp_path / "runs.jsonl"
     result = {"rows": 2, "names": ["Ada", "Zoë"], "ok": True}
     job_id = enqueue(db, log=str(log), progress={"done": 1, "of": 2}, sleep=2, result=result)
@@ -92,7 +84,7 @@ def test_results_the_queue_cannot_store_fail_their_own_jobs_only(
     with their results, and the worker goes on."""
     db = flow
     db.execute("""select pgqueue.configure('{"max_result_bytes": 1000}')""")
-    worker = started(installed, workers, db, service_role_key, WORKER_BATCH_SIZE=10)
+    worker = workers.start_woken(db, service_role_key, WORKER_BATCH_SIZE=10)
     log = tmp_path / "runs.jsonl"
     with db.transaction():  # one wake-up: the bad ones among good ones in the first claims
         good = [enqueue(db, log=str(log), result={"n": n}) for n in range(3)]
@@ -145,7 +137,7 @@ def test_a_concurrency_limit_holds_across_worker_processes(
     starting after the one before ended; jobs without a key run side by side meanwhile."""
     db = flow
     assert db.execute("select pgqueue.set_concurrency_limit('e2e-tenant', 1)").fetchone() == (1,)
-    started(installed, workers, db, service_role_key, WORKER_NAME="first")
+    workers.start_woken(db, service_role_key, WORKER_NAME="first")
     workers.start(WORKER_NAME="second")  # polls (HTTP: wake-ups go to the first)
     log = tmp_path / "runs.jsonl"
     with running_of_key(stack, "e2e-tenant") as samples:
@@ -183,7 +175,7 @@ def test_a_paused_queue_is_not_worked_until_resumed(
     """Paused while a job runs: that job finishes, a new one waits untouched; resumed (the
     workers are woken), it runs."""
     db = flow
-    worker = started(installed, workers, db, service_role_key)
+    worker = workers.start_woken(db, service_role_key)
     log = tmp_path / "runs.jsonl"
     running = enqueue(db, log=str(log), sleep=1.5)
     wait_until(lambda: runs(log, running), what="the first job to start")

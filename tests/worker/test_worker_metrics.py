@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from testkit.cluster import free_port
 from tests.support.jobs import enqueue, job, wait_until
-from tests.support.workers import Installed, WorkerProcess, Workers, wake_to
+from tests.support.workers import Installed, WorkerProcess, Workers
 
 # Samples of one scrape: (name, sorted labels) -> value.
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -59,9 +59,9 @@ def settled(db: psycopg.Connection, ids: list[int]) -> bool:
 def start(workers: Workers, db: psycopg.Connection, key: str) -> tuple[WorkerProcess, int]:
     port = free_port()
     # A 2 s lease: heartbeats every second, so a cancelled job's lease is found lost quickly.
-    worker = workers.start(METRICS_PORT=port, METRICS_HOST="127.0.0.1", WORKER_LEASE_SECONDS=2)
-    if worker.port is not None:
-        wake_to(db, worker, key)
+    worker = workers.start_woken(
+        db, key, METRICS_PORT=port, METRICS_HOST="127.0.0.1", WORKER_LEASE_SECONDS=2
+    )
     return worker, port
 
 

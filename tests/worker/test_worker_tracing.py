@@ -9,7 +9,7 @@ import pytest
 from testkit.project import PYTHON_VARIANTS, run
 from tests.support.http_sink import HttpSink
 from tests.support.jobs import wait_until
-from tests.support.workers import SCRIPT, Installed, Workers, wake_to
+from tests.support.workers import SCRIPT, Installed, Workers
 
 EMAIL = '{"to": "ada@example.com", "subject": "Hi", "text": "Hello"}'
 
@@ -54,9 +54,7 @@ def test_a_job_enqueued_by_the_cli_runs_in_a_child_span_of_the_enqueue(
         producer = exported("pgqueue.enqueue send_email")
         assert bytes.fromhex(trace_id) in producer and bytes.fromhex(enqueue_span_id) in producer
 
-        worker = workers.start(**tracing)
-        if installed.http:
-            wake_to(db, worker, service_role_key)
+        workers.start_woken(db, service_role_key, **tracing)
         consumer = wait_until(lambda: exported("pgqueue.job send_email"), what="the job's span")
         # The same trace, and the enqueue's span as its parent.
         assert bytes.fromhex(trace_id) in consumer
