@@ -319,7 +319,8 @@ def concurrency_limit(stack: Stack, jobs: int) -> dict[str, float]:
     def sample() -> None:
         with psycopg.connect(stack.dsn(), autocommit=True) as conn:
             count = (
-                f"select count(*) from {S}.jobs where status = 'running' and concurrency_key = %s"
+                f"select count(*) from {S}.live_jobs"
+                " where status = 'running' and concurrency_key = %s"
             )
             while not sampling.is_set():
                 counts.append(conn.execute(count, (LIMITED_KEY,), prepare=True).fetchone()[0])

@@ -2,8 +2,8 @@
 
 Migration 20261203000003 made four changes to the claim-and-complete loop at once. Here each
 one is a step, measured on a scratch schema of its own, from the loop before the migration to
-the hot path as that migration left it; then pgqueue itself as all migrations left it, and
-pgmq on its database:
+the hot path as that migration left it; then the flow-control migration's hot path, pgqueue
+itself as all migrations left it (leases per claim), and pgmq on its database:
 
 - two_calls: claim(100) + complete_many() on the job table as it was before the migration
   (bench/hot_path_steps.sql);
@@ -16,17 +16,23 @@ pgmq on its database:
 - done_batches: + done jobs without an idempotency key written one row per call to
   done_batches instead of a row each to job_history: the hot path as migration 20261203000003
   left it;
-- flow_control: pgqueue itself, as every migration left it: issue 17's complete_and_claim()
-  (pause, rate limits, concurrency keys, results), with no key, limit or pause set, so what
-  it adds to the hot path is only its checks for them;
+- flow_control: issue 17's complete_and_claim() (pause, rate limits, concurrency keys,
+  results) from the flow-control migration, with no key, limit or pause set, so what it adds
+  to the hot path is only its checks for them;
+- claims: pgqueue itself, as every migration left it: leases per claim (migration
+  20261203000007), where a claim deletes its jobs from the job table into one row of claims
+  and completing the batch deletes that row;
 - pgmq: read(q, 30, 100) + delete(q, ids), for scale.
 
 The steps from one_call to done_batches run the hot-path migration's own complete_and_claim()
 and its job_history and done_batches tables, read from the rendered migration (later
 migrations redefine the live function), with the later steps' changes undone by text
 substitution (REWRITES): when the migration changes under them, the run fails instead of
-measuring something else. flow_control against done_batches, in the same run, is issue 17's
-cost target (TARGETS): within 5% of the hot path's server CPU per job and jobs/s.
+measuring something else. flow_control runs the flow-control migration's complete_and_claim()
+as that migration wrote it, on its own job table; with nothing set it reads pgqueue's queues
+and config, and calls nothing else of pgqueue. flow_control against done_batches, in the same
+run, is issue 17's cost target (TARGETS): within 5% of the hot path's server CPU per job and
+jobs/s.
 
 Each step drains the same queued no-op jobs with one connection, batch 100, its runs
 interleaved with the other steps'. Figures per job: the server backend's CPU time (user +
@@ -54,8 +60,17 @@ from .stack import SCHEMA, Stack, wait_idle_autovacuum
 
 SQL = Path(__file__).with_name("hot_path_steps.sql")
 # The rendered project's hot-path migration, whose complete_and_claim() and tables the
-# scratch steps take.
+# scratch steps take, and the flow-control migration, whose complete_and_claim() step
+# flow_control runs.
 HOT_PATH_MIGRATION = "supabase/migrations/*_pgqueue_hot_path.sql"
+FLOW_CONTROL_MIGRATION = "supabase/migrations/*_pgqueue_flow_control.sql"
+# What of pgqueue the flow-control migration's complete_and_claim() may still name on a
+# scratch schema: read with nothing set (config, queues), or called only when a queue is
+# rate-limited or keyed, or a batch carries results (never in these drains).
+FLOW_CONTROL_SHARED = (
+    "config", "queues", "claim_allowance", "take_tokens", "keyed_candidates", "running_keys",
+    "complete_jobs",
+)  # fmt: skip
 HISTORY_TABLES = ("job_history", "done_batches")
 WORKER = "bench"
 WARM_UP = "warm-up"  # a queue nobody enqueues to: the statements are prepared on it
@@ -102,7 +117,7 @@ class Step:
     @property
     def live(self) -> bool:
         """Runs on pgqueue itself, as all the migrations left it."""
-        return self.name == "flow_control"
+        return self.name == "claims"
 
     @property
     def schema(self) -> str:
@@ -145,8 +160,15 @@ STEPS = (
     ),
     Step(
         "flow_control",
-        "pgqueue as migrated: issue 17's complete_and_claim() (pause, rate limits, "
-        "concurrency keys, results), no key, limit or pause set",
+        "issue 17's complete_and_claim() (pause, rate limits, concurrency keys, results), "
+        "no key, limit or pause set",
+        blocks=("jobs_flow",),
+        history=HISTORY_TABLES,
+    ),
+    Step(
+        "claims",
+        "+ leases per claim: a claim moves its jobs into one claims row, completing the batch "
+        "deletes it (pgqueue as migrated)",
         history=HISTORY_TABLES,
     ),
     Step("pgmq", "pgmq 1.5.1 read(q, 30, 100) + delete(q, ids)"),
@@ -164,50 +186,74 @@ class HotPath:
 
     complete_and_claim: str  # its create function statement
     tables: dict[str, list[str]]  # HISTORY_TABLES: create table, then create index statements
+    flow_control: str  # the flow-control migration's create function complete_and_claim()
+    # and its alter table statements of job_history (the columns its function writes)
+    flow_control_history: list[str]
 
 
 def hot_path(project: Path) -> HotPath:
     """The hot-path migration's complete_and_claim() and finished-job tables, from `project`'s
     rendered migrations: later migrations redefine the live function, so pgqueue's own is
     no longer the one to measure."""
-    found = sorted(project.glob(HOT_PATH_MIGRATION))
-    if len(found) != 1:
-        raise RuntimeError(
-            f"expected one {HOT_PATH_MIGRATION} in {project}, found {len(found)}: update "
-            "HOT_PATH_MIGRATION in bench/hot_path_steps.py"
-        )
-    text = found[0].read_text()
+    text = _migration(project, HOT_PATH_MIGRATION)
     patterns = {
-        "complete_and_claim": rf"^create function {SCHEMA}\.complete_and_claim\(.*?^\$\$;",
+        "complete_and_claim": COMPLETE_AND_CLAIM,
         **{table: rf"^create table {SCHEMA}\.{table} \(.*?^\)[^;]*;" for table in HISTORY_TABLES},
     }
-    statements = {}
-    for name, pattern in patterns.items():
-        matches = re.findall(pattern, text, flags=re.MULTILINE | re.DOTALL)
-        if len(matches) != 1:
-            raise RuntimeError(
-                f"{found[0].name} has {len(matches)} statements matching {pattern!r}, not one: "
-                "the migration changed; update bench/hot_path_steps.py"
-            )
-        statements[name] = matches[0]
+    statements = {name: _one(text, pattern) for name, pattern in patterns.items()}
     tables = {}
     for table in HISTORY_TABLES:
         indexes = re.findall(
             rf"^create index \w+ on {SCHEMA}\.{table}\b[^;]*;", text, flags=re.MULTILINE
         )
         tables[table] = [statements[table], *indexes]
-    return HotPath(statements["complete_and_claim"], tables)
+    flow_text = _migration(project, FLOW_CONTROL_MIGRATION)
+    flow_history = re.findall(
+        rf"^alter table {SCHEMA}\.job_history\b.*?;", flow_text, flags=re.MULTILINE | re.DOTALL
+    )
+    if not flow_history:
+        raise RuntimeError("the flow-control migration no longer alters job_history")
+    return HotPath(
+        statements["complete_and_claim"],
+        tables,
+        _one(flow_text, COMPLETE_AND_CLAIM),
+        flow_history,
+    )
 
 
-def _in_schema(sql: str, step: Step) -> str:
-    """`sql` on `step`'s tables and function instead of pgqueue's; it may read pgqueue.config
-    (the lease), nothing else of pgqueue."""
+COMPLETE_AND_CLAIM = rf"^create function {SCHEMA}\.complete_and_claim\(.*?^\$\$;"
+
+
+def _migration(project: Path, pattern: str) -> str:
+    found = sorted(project.glob(pattern))
+    if len(found) != 1:
+        raise RuntimeError(
+            f"expected one {pattern} in {project}, found {len(found)}: update "
+            "bench/hot_path_steps.py"
+        )
+    return found[0].read_text()
+
+
+def _one(text: str, pattern: str) -> str:
+    """The one statement of a migration's `text` that `pattern` matches."""
+    matches = re.findall(pattern, text, flags=re.MULTILINE | re.DOTALL)
+    if len(matches) != 1:
+        raise RuntimeError(
+            f"a migration has {len(matches)} statements matching {pattern!r}, not one: the "
+            "migration changed; update bench/hot_path_steps.py"
+        )
+    return matches[0]
+
+
+def _in_schema(sql: str, step: Step, shared: tuple[str, ...] = ("config",)) -> str:
+    """`sql` on `step`'s tables and function instead of pgqueue's; it may use pgqueue's
+    `shared` objects (the config, for the lease), nothing else of pgqueue."""
     sql = re.sub(
         rf"\b{SCHEMA}\.(jobs|{'|'.join(HISTORY_TABLES)}|complete_and_claim)\b",
         rf"{step.schema}.\1",
         sql,
     )
-    left = set(re.findall(rf"\b{SCHEMA}\.\w+", sql)) - {f"{SCHEMA}.config"}
+    left = set(re.findall(rf"\b{SCHEMA}\.\w+", sql)) - {f"{SCHEMA}.{name}" for name in shared}
     if left:
         raise RuntimeError(
             f"step {step.name}'s SQL from the hot-path migration still uses {sorted(left)}: the "
@@ -249,7 +295,11 @@ def install(stack: Stack) -> None:
             for table in step.history:
                 for statement in migrated.tables[table]:
                     conn.execute(_in_schema(statement, step))
-            if step.name != "two_calls":
+            if step.name == "flow_control":
+                for statement in migrated.flow_control_history:
+                    conn.execute(_in_schema(statement, step))
+                conn.execute(_in_schema(migrated.flow_control, step, FLOW_CONTROL_SHARED))
+            elif step.name != "two_calls":
                 conn.execute(_rewrite(migrated.complete_and_claim, step))
 
 
@@ -474,6 +524,7 @@ CHECKS = (
 
 # Issue 17's cost: claims with no keys and no limits stay within 5% of the hot path's
 # throughput, in the same run. Server CPU per job is the figure a busy machine moves least.
+# (flow_control is the flow-control migration's hot path, as issue 17 left it.)
 TARGETS = (
     RatioTarget("flow_control", "server_cpu_us_per_job", over="done_batches", maximum=1.05),
     RatioTarget("flow_control", "jobs_per_s", 0.95, over="done_batches"),

@@ -52,6 +52,26 @@ create unique index jobs_idempotency_key_idx on {s}.jobs (idempotency_key)
 -- the steps' job tables are as they were before those.
 alter table {s}.jobs drop column concurrency_key, drop column progress;
 
+-- block: jobs_flow
+-- The job table as the flow-control migration (20261203000004) left it (step flow_control):
+-- the hot table of migration 20261203000003 plus concurrency keys, whose jobs the claim index
+-- leaves to an index of their own, and progress. Claims are HOT updates.
+create table {s}.jobs (like pgqueue.jobs including all excluding indexes) with (
+  fillfactor = 50,
+  autovacuum_vacuum_scale_factor = 0.02,
+  autovacuum_vacuum_insert_scale_factor = 0.02,
+  autovacuum_analyze_scale_factor = 0.02,
+  autovacuum_vacuum_cost_delay = 0
+);
+alter table {s}.jobs add constraint jobs_pkey primary key (id);
+create index jobs_claim_idx on {s}.jobs (queue, priority desc, run_after, id)
+  where concurrency_key is null;
+create index jobs_concurrency_idx on {s}.jobs
+  (queue, concurrency_key, priority desc, run_after, id)
+  where concurrency_key is not null;
+create unique index jobs_idempotency_key_idx on {s}.jobs (idempotency_key)
+  where idempotency_key is not null;
+
 -- block: two_calls
 -- claim() as migration 20261203000000 left it (migration 20261202000001's, with the
 -- configured lease) and complete_many() as migration 20261202000001 wrote it: two calls and

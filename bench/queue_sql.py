@@ -36,6 +36,8 @@ STATE_TABLES = (
     "jobs",
     "job_history",
     "done_batches",
+    "claims",
+    "claimed_keys",
     "queues",
     "concurrency_limits",
     "running_keys",

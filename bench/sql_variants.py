@@ -26,6 +26,15 @@ def _replace(sql: str, old: str, new: str) -> str:
     return sql.replace(old, new)
 
 
+def _replace_in_last(sql: str, definition: str, old: str, new: str) -> str:
+    """_replace() within the last `definition` of the migrations (and what follows it): the
+    one in force."""
+    start = sql.rfind(definition)
+    if start < 0:
+        raise RuntimeError(f"the migrations changed; a variant no longer applies: {definition!r}")
+    return sql[:start] + _replace(sql[start:], old, new)
+
+
 def variants(schema_sql: str) -> dict[str, tuple[str, str]]:
     """name -> (migration SQL for that schema, SQL appended after it)."""
     return {
@@ -34,10 +43,11 @@ def variants(schema_sql: str) -> dict[str, tuple[str, str]]:
         "v_no_wake_trigger": (schema_sql, "drop trigger jobs_wake_workers on {s}.jobs;"),
         # claim() commits asynchronously: measured, and not adopted (docs/performance.md)
         "v_claim_async_commit": (
-            _replace(
+            _replace_in_last(
                 schema_sql,
-                "#variable_conflict use_column\nbegin\n  if claim.max_jobs is null",
-                "#variable_conflict use_column\nbegin\n"
+                "function {s}.claim(",
+                "\nbegin\n  if claim.max_jobs is null",
+                "\nbegin\n"
                 "  perform set_config('synchronous_commit', 'off', true);\n"
                 "  if claim.max_jobs is null",
             ),

@@ -181,7 +181,7 @@ def test_sql_variants_still_apply_to_the_migrations(tmp_path: Path) -> None:
         for figure in ("jobs_per_s", "claim_us_per_row", "enqueue_jobs_per_s"):
             assert figures[figure]["median"] > 0, (name, figure, figures[figure])
     plans = out.with_suffix(".explain.txt").read_text()
-    assert "Update on jobs" in plans and "jobs_claim_idx" in plans
+    assert "Delete on jobs" in plans and "jobs_claim_idx" in plans
 
 
 def test_hot_path_steps_each_change_what_it_says(tmp_path: Path) -> None:
@@ -204,6 +204,7 @@ def test_hot_path_steps_each_change_what_it_says(tmp_path: Path) -> None:
         "hot_claims",
         "done_batches",
         "flow_control",
+        "claims",
         "pgmq",
     ]
     assert list(steps) == names
@@ -229,16 +230,18 @@ def test_hot_path_steps_each_change_what_it_says(tmp_path: Path) -> None:
         assert median[name]["hot_update_share"] == 0, name
     for name in ("hot_claims", "done_batches", "flow_control"):
         assert median[name]["hot_update_share"] > 0.5, name
+    # Leases per claim: a claim deletes its jobs instead of updating them.
+    assert median["claims"]["updates_per_job"] == 0
     # Done jobs stay in the job table, then take a history row each, then a row per call.
     assert median["two_calls"]["history_rows_per_job"] == 0
     for name in ("one_call", "one_token", "hot_claims"):
         assert median[name]["history_rows_per_job"] == 1, name
-    for name in ("done_batches", "flow_control"):
+    for name in ("done_batches", "flow_control", "claims"):
         assert median[name]["history_rows_per_job"] == 1 / 100, name
     # A lock token per job, then one per call (batch 100).
     for name in ("two_calls", "one_call"):
         assert median[name]["tokens_per_job"] == 1, name
-    for name in ("one_token", "hot_claims", "done_batches", "flow_control"):
+    for name in ("one_token", "hot_claims", "done_batches", "flow_control", "claims"):
         assert median[name]["tokens_per_job"] == 1 / 100, name
     # Issue 17's cost: flow control with no keys, limits or pause against the hot path as its
     # migration left it, checked against what was measured, and printed.

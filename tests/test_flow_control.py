@@ -238,7 +238,7 @@ def test_replace_and_debounce_change_a_waiting_job_and_never_a_running_one(
     assert running["id"] == job_id
     assert enqueue("replace", {"v": 6}, "0 seconds") == job_id
     assert job(db, job_id)["payload"] == {"v": 5}, "a running job is left as it is"
-    assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (1,)
+    assert db.execute("select count(*) from pgqueue.live_jobs").fetchone() == (1,)
 
 
 def test_a_key_outlives_the_retention_for_the_key_window(flow: psycopg.Connection) -> None:

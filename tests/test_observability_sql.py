@@ -117,7 +117,7 @@ def test_every_metric_matches_a_direct_count(obs: psycopg.Connection) -> None:
     fill_every_state(db)
     samples = metrics(db)
 
-    per_kind = "from pgqueue.jobs group by 1, 2 order by 1, 2"
+    per_kind = "from pgqueue.live_jobs group by 1, 2 order by 1, 2"
     for metric, where in [
         ("pgqueue_jobs_queued", "status = 'queued'"),
         ("pgqueue_jobs_runnable", "status = 'queued' and run_after <= now()"),
@@ -141,7 +141,7 @@ def test_every_metric_matches_a_direct_count(obs: psycopg.Connection) -> None:
     assert set(of(samples, "pgqueue_queue_paused")) == queues
     assert of(samples, "pgqueue_queue_paused") == counts(
         db,
-        "select k.queue, (q.paused_at is not null)::int from (select queue from pgqueue.jobs"
+        "select k.queue, (q.paused_at is not null)::int from (select queue from pgqueue.live_jobs"
         " union select queue from pgqueue.queues) as k left join pgqueue.queues as q using (queue)",
     )
     assert of(samples, "pgqueue_queue_paused") == {("obs",): 0, ("held",): 1, ("empty",): 1}
@@ -150,7 +150,7 @@ def test_every_metric_matches_a_direct_count(obs: psycopg.Connection) -> None:
         of(samples, "pgqueue_expired_leases")[("obs",)]
         == counts(
             db,
-            "select 'obs', count(*) from pgqueue.jobs"
+            "select 'obs', count(*) from pgqueue.live_jobs"
             " where queue = 'obs' and status = 'running' and locked_until < now()",
         )[("obs",)]
     )

@@ -117,7 +117,7 @@ def test_non_default_answers_render_a_working_queue(template: Path, tmp_path: Pa
                 "select schedule, command from cron.job where jobname = 'billing_jobs-sweep'"
             ).fetchone() == ("*/5 * * * *", "select billing_jobs.sweep()")
             assert conn.execute(
-                "select status from billing_jobs.jobs where id = %s", (job_id,)
+                "select status from billing_jobs.live_jobs where id = %s", (job_id,)
             ).fetchone() == ("running",)
     finally:
         cluster.destroy()

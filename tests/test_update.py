@@ -343,8 +343,9 @@ def assert_database_follows_answers(db, project: Path) -> None:
     db.execute(f"delete from {schema}.jobs where kind = 'config-probe'")
 
 
-def fill_queue(db, schema: str) -> dict[str, list[int]]:
-    """Jobs in every state, made with the release's own functions."""
+def fill_queue(db, schema: str) -> dict[str, list]:
+    """Jobs in every state, made with the release's own functions (and the running job's
+    lock token)."""
     queued = [i for (i,) in db.execute(f"select {schema}.enqueue_many(%s)", (Jsonb([EMAIL] * 3),))]
     ids = {"queued": queued}
     for state in ("running", "failed", "done"):
@@ -360,6 +361,8 @@ def fill_queue(db, schema: str) -> dict[str, list[int]]:
             db.execute(f"select {schema}.fail(%s, %s, 'boom')", (job_id, token))
         elif state == "done":
             db.execute(f"select {schema}.complete(%s, %s)", (job_id, token))
+        else:
+            ids["running_token"] = [token]
         ids[state] = [job_id]
     return ids
 
@@ -420,8 +423,13 @@ def test_a_project_from_the_release_updates_to_head_with_its_live_jobs(
                 " order by id"
             ).fetchall()
             assert after == before
-            live = db.execute(f"select status from {schema}.jobs").fetchall()
+            live = db.execute(f"select status from {schema}.live_jobs").fetchall()
             assert {status for (status,) in live} == {"queued", "running"}
+            # the running job's worker still holds it, under the token of its claim
+            (running,), (token,) = ids["running"], ids["running_token"]
+            assert db.execute(
+                f"select {schema}.heartbeat(%s, %s)", (running, token)
+            ).fetchone() == (True,)
             for state in ("running", "failed", "done"):
                 again = db.execute(
                     f"select {schema}.enqueue(%s, idempotency_key => %s)",

@@ -179,7 +179,8 @@ def test_claims_take_the_configured_lease_unless_the_worker_sets_one(
         wake(worker)
         wait_for_status(db, job, "running", worker)
         held = db.execute(
-            "select extract(epoch from locked_until - locked_at) from pgqueue.jobs where id = %s",
+            "select extract(epoch from locked_until - locked_at)"
+            " from pgqueue.live_jobs where id = %s",
             (job,),
         ).fetchone()[0]
         assert held == lease

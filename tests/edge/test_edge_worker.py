@@ -209,9 +209,9 @@ def test_a_job_is_completed_by_the_call_that_claims_the_next_one(
             # The first job's done_batches row and the second job's claim were written by one
             # transaction: the call that completed the one claimed the other.
             same = db.execute(
-                "select b.xmin = j.xmin, b.finished_at = j.locked_at"
-                " from pgqueue.done_batches as b, pgqueue.jobs as j"
-                " where %s = any (b.ids) and j.id = %s",
+                "select b.xmin = c.xmin, b.finished_at = c.locked_at"
+                " from pgqueue.done_batches as b, pgqueue.claims as c"
+                " where %s = any (b.ids) and %s = any (c.ids)",
                 (first, second),
             ).fetchone()
             assert same == (True, True)

@@ -105,7 +105,10 @@ def test_a_held_xmin_horizon_keeps_claims_right(
     figure (docs/reliability.md), not an assertion."""
     rates = {}
     for held in (False, True):
-        db.execute("truncate pgqueue.jobs, pgqueue.job_history, pgqueue.done_batches")
+        db.execute(
+            "truncate pgqueue.jobs, pgqueue.job_history, pgqueue.done_batches, pgqueue.claims,"
+            " pgqueue.claimed_keys"
+        )
         logs = tmp_path / f"audit-{'held' if held else 'free'}"
         logs.mkdir()
         plan = Plan.soak(XMIN_JOBS, max_attempts=3, seed=5)

@@ -101,7 +101,7 @@ def running_of_key(cluster: Cluster, key: str, every: float = 0.005) -> Iterator
         with cluster.connect(autocommit=True) as conn:
             while not stop.is_set():
                 (running,) = conn.execute(
-                    "select count(*) from pgqueue.jobs"
+                    "select count(*) from pgqueue.live_jobs"
                     " where concurrency_key = %s and status = 'running'",
                     (key,),
                 ).fetchone()
