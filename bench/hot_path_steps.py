@@ -148,21 +148,21 @@ STEPS = (
     Step(
         "hot_claims",
         "+ claim index without a status predicate, no lease index, fillfactor 50: HOT claims",
-        blocks=("jobs_hot",),
+        blocks=("hot_table", "jobs_hot"),
         rewrites=("history_row_per_job",),
     ),
     Step(
         "done_batches",
         "+ done jobs without a key a done_batches row per call: the hot path as migration "
         "20261203000003 left it",
-        blocks=("jobs_hot",),
+        blocks=("hot_table", "jobs_hot"),
         history=HISTORY_TABLES,
     ),
     Step(
         "flow_control",
         "issue 17's complete_and_claim() (pause, rate limits, concurrency keys, results), "
         "no key, limit or pause set",
-        blocks=("jobs_flow",),
+        blocks=("hot_table", "jobs_flow"),
         history=HISTORY_TABLES,
     ),
     Step(

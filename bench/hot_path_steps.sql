@@ -32,11 +32,9 @@ create unique index jobs_idempotency_key_idx on {s}.jobs (idempotency_key)
 -- the steps' job tables are as they were before those.
 alter table {s}.jobs drop column concurrency_key, drop column progress;
 
--- block: jobs_hot
--- The job table as migrated (steps hot_claims and done_batches): the claim index covers every
--- live job, without a status predicate, and there is no lease or finished index, so no index
--- names a column that a claim changes; pages are filled to half, to leave a claim's new row
--- version room on its page. A claim is then a HOT update: no index entry at all.
+-- block: hot_table
+-- The job table as migrated (steps hot_claims to flow_control): pages are filled to half, to
+-- leave a claim's new row version room on its page; a block below adds its claim indexes.
 create table {s}.jobs (like pgqueue.jobs including all excluding indexes) with (
   fillfactor = 50,
   autovacuum_vacuum_scale_factor = 0.02,
@@ -45,32 +43,28 @@ create table {s}.jobs (like pgqueue.jobs including all excluding indexes) with (
   autovacuum_vacuum_cost_delay = 0
 );
 alter table {s}.jobs add constraint jobs_pkey primary key (id);
-create index jobs_claim_idx on {s}.jobs (queue, priority desc, run_after, id);
 create unique index jobs_idempotency_key_idx on {s}.jobs (idempotency_key)
   where idempotency_key is not null;
+
+-- block: jobs_hot
+-- As migration 20261203000003 left it (steps hot_claims and done_batches): the claim index
+-- covers every live job, without a status predicate, and there is no lease or finished index,
+-- so no index names a column that a claim changes. A claim is then a HOT update: no index
+-- entry at all.
+create index jobs_claim_idx on {s}.jobs (queue, priority desc, run_after, id);
 -- Later migrations added columns to pgqueue.jobs (20261203000004: concurrency_key, progress);
 -- the steps' job tables are as they were before those.
 alter table {s}.jobs drop column concurrency_key, drop column progress;
 
 -- block: jobs_flow
--- The job table as the flow-control migration (20261203000004) left it (step flow_control):
--- the hot table of migration 20261203000003 plus concurrency keys, whose jobs the claim index
--- leaves to an index of their own, and progress. Claims are HOT updates.
-create table {s}.jobs (like pgqueue.jobs including all excluding indexes) with (
-  fillfactor = 50,
-  autovacuum_vacuum_scale_factor = 0.02,
-  autovacuum_vacuum_insert_scale_factor = 0.02,
-  autovacuum_analyze_scale_factor = 0.02,
-  autovacuum_vacuum_cost_delay = 0
-);
-alter table {s}.jobs add constraint jobs_pkey primary key (id);
+-- As the flow-control migration (20261203000004) left it (step flow_control): concurrency
+-- keys, whose jobs the claim index leaves to an index of their own, and progress. Claims are
+-- still HOT updates.
 create index jobs_claim_idx on {s}.jobs (queue, priority desc, run_after, id)
   where concurrency_key is null;
 create index jobs_concurrency_idx on {s}.jobs
   (queue, concurrency_key, priority desc, run_after, id)
   where concurrency_key is not null;
-create unique index jobs_idempotency_key_idx on {s}.jobs (idempotency_key)
-  where idempotency_key is not null;
 
 -- block: two_calls
 -- claim() as migration 20261203000000 left it (migration 20261202000001's, with the
