@@ -12,8 +12,8 @@ figures:
   cancel out). The machine's load does not move it: the figure to compare two versions of
   the worker by. Runs about 50x slower than native.
 
-Child side: `python -m bench.worker_overhead SRC PACKAGE JOBS` drains JOBS jobs with the
-package found in SRC and prints its CPU seconds.
+Child side: `python -m bench.worker_overhead PACKAGE JOBS` drains JOBS jobs with the
+installed package and prints its CPU seconds.
 """
 
 from __future__ import annotations
@@ -32,9 +32,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .generated_worker import NOOP_HANDLER, TUNED
+from . import generated_worker
+from .generated_worker import TUNED
 from .stack import REPO
 
+# generated_worker.install() names a project's package bench_<name>
 PACKAGE = "bench_overhead"
 # Settings.from_env() wants a database URL; nothing connects to it.
 _ENV = {
@@ -48,34 +50,38 @@ _ENV = {
 
 
 def run(jobs: int, repeats: int) -> dict[str, dict[str, list[float]]]:
-    """{"worker_overhead": {figure: [values]}}: render the project, then drain."""
+    """{"worker_overhead": {figure: [values]}}: render and install the project, then drain."""
     from testkit.project import render, snapshot_template
 
     workdir = Path(tempfile.mkdtemp(prefix="pgqueue-overhead-"))
+    projects = {"overhead": workdir / "project"}
     try:
-        project = render(
+        render(
             snapshot_template(workdir / "template"),
-            workdir / "project",
+            projects["overhead"],
             project_name="Bench overhead",
             project_slug="bench-overhead",
             package_name=PACKAGE,
             worker_style="python",
             claim_transport="postgres",
         )
-        src = project / "src"
-        shutil.copy(NOOP_HANDLER, src / PACKAGE / "handlers" / NOOP_HANDLER.name)
-        cpu = [_drain(src, jobs)["cpu_s"] / jobs * 1e6 for _ in range(repeats)]
+        # (its dependencies too: the benchmark's venv may not have them yet)
+        why = generated_worker.install(projects)["overhead"]
+        if why:
+            raise RuntimeError(why)
+        cpu = [_drain(jobs)["cpu_s"] / jobs * 1e6 for _ in range(repeats)]
         few = max(1, jobs // 5)
-        instructions = (_instructions(src, jobs) - _instructions(src, few)) / (jobs - few)
+        instructions = (_instructions(jobs) - _instructions(few)) / (jobs - few)
     finally:
+        generated_worker.uninstall(projects)
         shutil.rmtree(workdir, ignore_errors=True)
     return {"worker_overhead": {"cpu_us_per_job": cpu, "instructions_per_job": [instructions]}}
 
 
-def _child(src: Path, jobs: int, wrapper: list[str] | None = None) -> subprocess.CompletedProcess:
-    command = [*(wrapper or []), sys.executable, "-m", "bench.worker_overhead", str(src)]
+def _child(jobs: int, wrapper: list[str] | None = None) -> subprocess.CompletedProcess:
+    command = [*(wrapper or []), sys.executable, "-m", "bench.worker_overhead", PACKAGE]
     return subprocess.run(
-        [*command, PACKAGE, str(jobs)],
+        [*command, str(jobs)],
         cwd=REPO,
         env={**os.environ, **_ENV},
         capture_output=True,
@@ -84,16 +90,16 @@ def _child(src: Path, jobs: int, wrapper: list[str] | None = None) -> subprocess
     )
 
 
-def _drain(src: Path, jobs: int) -> dict[str, float]:
-    return json.loads(_child(src, jobs).stdout)
+def _drain(jobs: int) -> dict[str, float]:
+    return json.loads(_child(jobs).stdout)
 
 
-def _instructions(src: Path, jobs: int) -> int:
+def _instructions(jobs: int) -> int:
     """Instructions a child drain of `jobs` executes, start-up included."""
     if shutil.which("valgrind") is None:
         raise RuntimeError("valgrind is not installed: run scripts/setup")
     callgrind = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"]
-    stderr = _child(src, jobs, callgrind).stderr
+    stderr = _child(jobs, callgrind).stderr
     found = re.search(r"Collected : (\d+)", stderr)
     if found is None:
         raise RuntimeError(f"callgrind printed no instruction count: {stderr[-2000:]}")
@@ -182,5 +188,4 @@ async def _drain_child(package: str, jobs: int) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, sys.argv[1])
-    print(json.dumps(asyncio.run(_drain_child(sys.argv[2], int(sys.argv[3])))))
+    print(json.dumps(asyncio.run(_drain_child(sys.argv[1], int(sys.argv[2])))))
