@@ -24,6 +24,7 @@ from . import (
     report,
     sql_variants,
     wakeups,
+    worker_overhead,
 )
 from . import stack as stack_module
 from .stack import REPO, Stack
@@ -201,6 +202,12 @@ def _parser() -> argparse.ArgumentParser:
         "per job, jobs/s)",
     )
     parser.add_argument(
+        "--worker-overhead",
+        action="store_true",
+        help="instead of the scenarios: the generated worker's own CPU time and instructions "
+        "(valgrind) per job, draining --jobs no-op jobs from a queue in memory (no database)",
+    )
+    parser.add_argument(
         "--patch",
         choices=sorted(sql_variants.PATCHES),
         action="append",
@@ -243,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
         names = ", ".join(known)
         print(f"unknown scenario(s) {', '.join(sorted(unknown))}; known: {names}", file=sys.stderr)
         return 2
+
+    if args.worker_overhead:
+        return _worker_overhead(sizes.jobs, args.repeats, out, started)
 
     print(f"bench: starting a durable cluster and rendering projects ({sizes})", file=sys.stderr)
     began = time.monotonic()
@@ -306,6 +316,21 @@ def main(argv: list[str] | None = None) -> int:
         print(report.ratio_targets_table(document["ratio_targets"]))
     if document["flow_control_targets"]:
         print(flow_control.targets_table(document["flow_control_targets"]))
+    report.write_json(out, document)
+    print(f"bench: wrote {out}", file=sys.stderr)
+    return 0
+
+
+def _worker_overhead(jobs: int, repeats: int, out: Path, started: datetime) -> int:
+    print(f"bench: the worker's own cost, {jobs:,} jobs from memory", file=sys.stderr)
+    document = {
+        "started_at": started.isoformat(timespec="seconds"),
+        "machine": stack_module.machine(),
+        "jobs": jobs,
+        "repeats": repeats,
+        "scenarios": report.summarize(worker_overhead.run(jobs, repeats)),
+    }
+    print(report.table(document["scenarios"]))
     report.write_json(out, document)
     print(f"bench: wrote {out}", file=sys.stderr)
     return 0

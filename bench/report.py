@@ -41,6 +41,7 @@ def unit_of(figure: str) -> str:
         ("rows_per_job", "rows/job"),
         ("updates_per_job", "updates/job"),
         ("tokens_per_job", "tokens/job"),
+        ("instructions_per_job", "instr/job"),
         ("jobs_per_s", "jobs/s"),
         ("_ms", "ms"),
         ("samples", "jobs"),

@@ -255,3 +255,22 @@ def test_hot_path_steps_each_change_what_it_says(tmp_path: Path) -> None:
             ratio <= row["maximum"] if "maximum" in row else ratio >= row["minimum"]
         ), row
         assert f"target flow_control {figure} / done_batches" in printed
+
+
+def test_worker_overhead_counts_the_workers_own_cost(tmp_path: Path) -> None:
+    """`--worker-overhead` drains jobs through the rendered worker from a queue in memory (the
+    child fails the run unless every job was completed and counted done) and reports its CPU
+    time and instructions per job."""
+    run([BENCH, "--setup-only"], timeout=900)
+    out = tmp_path / "overhead.json"
+
+    printed = run(
+        [BENCH, "--smoke", "--worker-overhead", "--repeats", "2", "--out", out], timeout=300
+    )
+
+    figures = json.loads(out.read_text())["scenarios"]["worker_overhead"]
+    assert len(figures["cpu_us_per_job"]["values"]) == 2
+    assert figures["cpu_us_per_job"]["median"] > 0
+    # A job costs the worker thousands of instructions, not the start-up's millions.
+    assert 1_000 < figures["instructions_per_job"]["median"] < 10_000_000, figures
+    assert "instructions_per_job" in printed

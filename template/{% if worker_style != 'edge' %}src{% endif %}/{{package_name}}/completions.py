@@ -210,17 +210,22 @@ class Completions:
     def _record(self, batch: list[_Done], completed: set[int] | None) -> None:
         """Count and log the jobs of `batch`, reported; `completed`: the ids the queue said it
         completed, None when it does not say."""
-        info = log.isEnabledFor(logging.INFO)
+        jobs = [entry.done.job for entry in batch]
+        if completed is None:
+            self._metrics.finished(jobs, "done")
+        else:
+            self._metrics.finished([job for job in jobs if job.id in completed], "done")
+            self._metrics.finished([job for job in jobs if job.id not in completed], "lost")
+        if not log.isEnabledFor(logging.INFO):
+            return
         for entry in batch:
             job = entry.done.job
             ok = completed is None or job.id in completed
-            self._metrics.finished(job, "done" if ok else "lost")
-            if info:
-                log.info(
-                    "job done" if ok else "job done, but its lease had been lost",
-                    extra={
-                        "event": "job.done",
-                        "duration_ms": ms_since(entry.started),
-                        **job_fields(job),
-                    },
-                )
+            log.info(
+                "job done" if ok else "job done, but its lease had been lost",
+                extra={
+                    "event": "job.done",
+                    "duration_ms": ms_since(entry.started),
+                    **job_fields(job),
+                },
+            )

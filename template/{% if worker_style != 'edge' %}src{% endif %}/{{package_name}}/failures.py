@@ -30,7 +30,7 @@ async def report_failure(
         lambda: queue.fail(job, error, retryable=retryable), give_up_after=lease_seconds
     )
     outcome: Outcome = "retried" if status == "queued" else "dead" if status == "failed" else "lost"
-    metrics.finished(job, outcome)
+    metrics.finished([job], outcome)
     log.log(
         logging.ERROR if outcome == "dead" else logging.WARNING,
         "job failed",

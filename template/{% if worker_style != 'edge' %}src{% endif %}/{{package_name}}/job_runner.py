@@ -116,7 +116,7 @@ class JobRunner:
                 error = f"TimeoutError: timed out after {registration.timeout:g}s"
                 await self._fail(job, error, retryable=True, started=started)
                 return
-            self._metrics.finished(job, "lost")
+            self._metrics.finished([job], "lost")
             log.error(
                 "job stopped: its lease was lost (another attempt owns it now)",
                 extra={"event": "job.lost", "duration_ms": ms_since(started), **job_fields(job)},
@@ -179,7 +179,7 @@ class JobRunner:
         """Hand a job still running at shutdown back to the queue, so another worker runs it
         now (its attempt not counted)."""
         released = await report(lambda: self._queue.release(job), give_up_after=self._lease_seconds)
-        self._metrics.finished(job, "released")
+        self._metrics.finished([job], "released")
         log.warning(
             "job released at shutdown",
             extra={"event": "job.released", "released": bool(released), **job_fields(job)},

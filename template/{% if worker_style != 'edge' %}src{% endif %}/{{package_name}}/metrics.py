@@ -7,7 +7,9 @@ one), so a scrape shows exactly the queue's metrics. Every one of them is named
 `pgqueue_worker_*` and labelled with the job's `queue` and `kind`, except wake-ups
 (`source`). An outcome is counted once the queue has recorded it: a success when its
 completion was sent (alone, or riding along with the next claim), a failure when fail()
-answered whether the job goes back to the queue or to the dead letters.
+answered whether the job goes back to the queue or to the dead letters. Claims and
+completions are counted once per batch and kind (an increment takes a lock), handler
+durations once per job.
 
 The database's gauges (`pgqueue_jobs_queued`, `pgqueue_oldest_runnable_age_seconds`, ...)
 come from `<schema>.metrics()` at scrape time, through the worker's own queue client. When
@@ -153,14 +155,18 @@ class WorkerMetrics:
         for source in WAKEUP_SOURCES:
             self._wakeups.labels(source)
 
-    def claimed(self, job: Job) -> None:
-        self._series(job.queue, job.kind).claimed.inc()
+    def claimed(self, jobs: Iterable[Job]) -> None:
+        """Count the jobs of one claim."""
+        for (queue, kind), n in _tally(jobs).items():
+            self._series(queue, kind).claimed.inc(n)
 
-    def finished(self, job: Job, outcome: Outcome) -> None:
-        """Count what the queue recorded of `job`'s attempt."""
-        self.counts[outcome] += 1
-        for counter in self._series(job.queue, job.kind).outcomes[outcome]:
-            counter.inc()
+    def finished(self, jobs: Iterable[Job], outcome: Outcome) -> None:
+        """Count what the queue recorded of these jobs' attempts: all of them had `outcome`
+        (a batch of completions is counted in one call)."""
+        for (queue, kind), n in _tally(jobs).items():
+            self.counts[outcome] += n
+            for counter in self._series(queue, kind).outcomes[outcome]:
+                counter.inc(n)
 
     def handler_ran(self, job: Job, seconds: float) -> None:
         self._series(job.queue, job.kind).handler_seconds.observe(seconds)
@@ -182,6 +188,12 @@ class WorkerMetrics:
 
     def woken(self, source: WakeupSource) -> None:
         self._wakeups.labels(source).inc()
+
+
+def _tally(jobs: Iterable[Job]) -> collections.Counter[tuple[str, str]]:
+    """How many of `jobs` each queue and kind has: the counters are incremented once per
+    batch and kind, not once per job (an increment takes a lock)."""
+    return collections.Counter((job.queue, job.kind) for job in jobs)
 
 
 @contextlib.asynccontextmanager

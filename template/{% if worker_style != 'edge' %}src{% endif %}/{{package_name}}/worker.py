@@ -255,6 +255,7 @@ class Worker:
                 )
                 continue
             outage.reset()
+            self.metrics.claimed(jobs)
             traceparents = await self._traceparents(jobs)
             for job in jobs:
                 self._start(job, renew_at, traceparents.get(job.id))
@@ -311,7 +312,6 @@ class Worker:
         # The claim named only the kinds registered here, and a registry only ever grows.
         assert registration is not None, f"claimed a job of kind {job.kind!r} with no handler"
         assert self._machinery is not None, "jobs are started only inside _loop()"
-        self.metrics.claimed(job)
         task = self._machinery[3].start(job, registration, renew_at, traceparent)
         self._running[task] = job
         task.add_done_callback(self._ended)
