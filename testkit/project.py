@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,11 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 SUPABASE_CLI = REPO / "node_modules" / ".bin" / "supabase"
+
+# Copier changes the process's working directory while it renders (its tasks run in the
+# destination), so two renders in threads of one process would write into each other's
+# folders: tests/conftest.py's `installs` renders every variant from a thread pool.
+COPIER_LOCK = threading.Lock()
 
 
 def run(cmd: list[str | Path], cwd: Path | None = None, env: dict | None = None, **kw) -> str:
@@ -164,31 +170,33 @@ def variant(worker_style: str, claim_transport: str | None = None) -> Variant:
 
 def render(template: Path, dest: Path, **answers) -> Path:
     """Render the template into dest with the defaults, overridden by answers."""
-    copier.run_copy(
-        str(template),
-        str(dest),
-        data=answers,
-        defaults=True,
-        unsafe=True,
-        vcs_ref="HEAD",
-        quiet=True,
-    )
+    with COPIER_LOCK:
+        copier.run_copy(
+            str(template),
+            str(dest),
+            data=answers,
+            defaults=True,
+            unsafe=True,
+            vcs_ref="HEAD",
+            quiet=True,
+        )
     return dest
 
 
 def update(project: Path, vcs_ref: str, **answers) -> Path:
     """`copier update` a rendered project (a clean git work tree) to vcs_ref, replaying its
     answers, with answers overridden; conflicts become *.rej files the tests look for."""
-    copier.run_update(
-        str(project),
-        data=answers,
-        defaults=True,
-        overwrite=True,
-        unsafe=True,
-        vcs_ref=vcs_ref,
-        quiet=True,
-        conflict="rej",
-    )
+    with COPIER_LOCK:
+        copier.run_update(
+            str(project),
+            data=answers,
+            defaults=True,
+            overwrite=True,
+            unsafe=True,
+            vcs_ref=vcs_ref,
+            quiet=True,
+            conflict="rej",
+        )
     return project
 
 

@@ -20,6 +20,7 @@ from psycopg.types.json import Jsonb
 
 from testkit.cluster import free_port
 from testkit.project import (
+    COPIER_LOCK,
     commit_everything,
     push_migrations,
     release_refs,
@@ -98,11 +99,12 @@ def test_copy_is_refused_without_trust_and_works_without_tasks(
 ) -> None:
     """The update task needs --trust; a user who would rather not trust the template can copy
     with --skip-tasks (the task does nothing on copy)."""
-    with pytest.raises(copier.errors.UnsafeTemplateError, match="tasks"):
+    with COPIER_LOCK, pytest.raises(copier.errors.UnsafeTemplateError, match="tasks"):
         copier.run_copy(str(template), str(tmp_path / "refused"), defaults=True, vcs_ref="HEAD")
-    copier.run_copy(
-        str(template), str(tmp_path / "app"), defaults=True, vcs_ref="HEAD", skip_tasks=True
-    )
+    with COPIER_LOCK:
+        copier.run_copy(
+            str(template), str(tmp_path / "app"), defaults=True, vcs_ref="HEAD", skip_tasks=True
+        )
     assert (tmp_path / "app" / "supabase/migrations/20261203000000_pgqueue_config.sql").exists()
 
 
@@ -125,15 +127,16 @@ def test_update_keeps_user_edits_and_jobs_and_applies_the_new_migration(
     releases: Path, tmp_path: Path
 ) -> None:
     project = tmp_path / "app"
-    copier.run_copy(
-        str(releases),
-        str(project),
-        data={"claim_transport": "postgres"},
-        defaults=True,
-        vcs_ref="v1.0.0",
-        unsafe=True,
-        quiet=True,
-    )
+    with COPIER_LOCK:
+        copier.run_copy(
+            str(releases),
+            str(project),
+            data={"claim_transport": "postgres"},
+            defaults=True,
+            vcs_ref="v1.0.0",
+            unsafe=True,
+            quiet=True,
+        )
     run(["git", "init", "-q", "-b", "main"], cwd=project)
     commit_all(project, "generated at 1.0.0")
 
@@ -252,9 +255,16 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def render_at(template: Path, ref: str, dest: Path, answers: dict) -> Path:
-    copier.run_copy(
-        str(template), str(dest), data=answers, defaults=True, unsafe=True, vcs_ref=ref, quiet=True
-    )
+    with COPIER_LOCK:
+        copier.run_copy(
+            str(template),
+            str(dest),
+            data=answers,
+            defaults=True,
+            unsafe=True,
+            vcs_ref=ref,
+            quiet=True,
+        )
     return dest
 
 
