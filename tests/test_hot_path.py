@@ -280,6 +280,81 @@ def test_a_claim_deletes_its_jobs_and_a_heartbeat_renews_one_row(db: psycopg.Con
     assert hot >= 8, "HOT updates"
 
 
+def heartbeat_many(db: psycopg.Connection, jobs: list[dict], lease: int = 300) -> list[int]:
+    (running,) = db.execute(
+        "select pgqueue.heartbeat_many(%s::bigint[], %s::uuid[], %s)",
+        ([j["id"] for j in jobs], [j["lock_token"] for j in jobs], lease),
+    ).fetchone()
+    return running
+
+
+def lease_left(db: psycopg.Connection, token: object) -> float:
+    (left,) = db.execute(
+        "select extract(epoch from locked_until - now()) from pgqueue.claims where lock_token = %s",
+        (token,),
+    ).fetchone()
+    return float(left)
+
+
+def test_heartbeat_many_renews_each_claim_once_and_names_the_jobs_still_running(
+    db: psycopg.Connection,
+) -> None:
+    enqueue_n(db, 30)
+    first = complete_and_claim(db, max_jobs=10, lease_seconds=5)
+    second = complete_and_claim(db, max_jobs=10, lease_seconds=5)
+    assert len({j["lock_token"] for j in first + second}) == 2
+    cancelled, rescued = first[3], second[0]
+    assert db.execute("select pgqueue.cancel(%s)", (cancelled["id"],)).fetchone() == (True,)
+    # A stale token: the job runs (in `second`), but not under the token asked about.
+    stale = {**second[1], "lock_token": first[0]["lock_token"]}
+    db.execute("select pg_stat_force_next_flush()")
+    updates = db.execute(
+        "select n_tup_upd from pg_stat_user_tables where relid = 'pgqueue.claims'::regclass"
+    ).fetchone()[0]
+
+    running = heartbeat_many(db, [*first, *second, stale])
+
+    assert running == sorted(j["id"] for j in first + second if j is not cancelled)
+    assert running.count(stale["id"]) == 1, "once, under its own token; not under the stale one"
+    assert 295 <= lease_left(db, first[0]["lock_token"]) <= 300
+    assert 295 <= lease_left(db, second[0]["lock_token"]) <= 300
+    # Each claim's row once, not once a job.
+    db.execute("select pg_stat_force_next_flush()")
+    after = db.execute(
+        "select n_tup_upd from pg_stat_user_tables where relid = 'pgqueue.claims'::regclass"
+    ).fetchone()[0]
+    assert after - updates == 2
+
+    # The sweeper takes `second` back once its lease runs out: none of its jobs runs now.
+    expire_lease(db, rescued["id"])
+    db.execute("select pgqueue.sweep()")
+    assert heartbeat_many(db, [*first, *second]) == sorted(
+        j["id"] for j in first if j is not cancelled
+    )
+    assert heartbeat_many(db, []) == []
+
+
+def test_heartbeat_many_refuses_ids_and_tokens_that_do_not_pair_up(
+    db: psycopg.Connection,
+) -> None:
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="2 job ids but 1 lock tokens"):
+        db.execute(
+            "select pgqueue.heartbeat_many(%s::bigint[], %s::uuid[])",
+            ([1, 2], ["00000000-0000-0000-0000-000000000000"]),
+        )
+
+
+def test_heartbeat_never_shortens_a_lease(db: psycopg.Connection) -> None:
+    enqueue_n(db, 1)
+    (claimed,) = complete_and_claim(db, max_jobs=1, lease_seconds=600)
+    assert heartbeat_many(db, [claimed], lease=10) == [claimed["id"]]
+    assert lease_left(db, claimed["lock_token"]) > 590
+    assert db.execute(
+        "select pgqueue.heartbeat(%s, %s, 10)", (claimed["id"], claimed["lock_token"])
+    ).fetchone() == (True,)
+    assert lease_left(db, claimed["lock_token"]) > 590
+
+
 def test_no_statement_of_a_keyed_claim_scans_the_job_table(db: psycopg.Connection) -> None:
     enqueue_n(db, 3_000, concurrency_key="big")
     enqueue_n(db, 3_000)

@@ -81,6 +81,7 @@ QUEUE_CALLS = {
     "complete_many": {"job_ids": [1], "lock_tokens": [str(uuid.uuid4())]},
     "fail": {"job_id": 1, "lock_token": str(uuid.uuid4()), "error": "boom"},
     "heartbeat": {"job_id": 1, "lock_token": str(uuid.uuid4())},
+    "heartbeat_many": {"job_ids": [1], "lock_tokens": [str(uuid.uuid4())], "lease_seconds": 30},
     "release": {"job_id": 1, "lock_token": str(uuid.uuid4())},
     "retry": {"job_id": 1},
     "cancel": {"job_id": 1},

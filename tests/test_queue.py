@@ -428,6 +428,7 @@ def test_service_role_has_exactly_the_worker_api(db: psycopg.Connection) -> None
         "complete_many",
         "fail",
         "heartbeat",
+        "heartbeat_many",
         "release",
         "retry",
         "cancel",

@@ -3,6 +3,7 @@ through pg_net (HTTP) or NOTIFY (postgres), failures, crashes and shutdowns."""
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from datetime import timedelta
@@ -22,6 +23,12 @@ from tests.support.workers import OTHER_KIND, Installed, Workers, other_service,
 def sweeper(db: psycopg.Connection):
     """What pg_cron does every minute, on demand: rescue expired leases, re-wake workers."""
     return lambda: db.execute("select pgqueue.sweep()")
+
+
+def log_events(output: str) -> list[dict]:
+    """The event and job id of each of a worker's JSON log lines."""
+    lines = (json.loads(line) for line in output.splitlines() if line.startswith("{"))
+    return [{"event": e.get("event"), "job_id": e.get("job_id")} for e in lines]
 
 
 def until_status(db: psycopg.Connection, job_id: int, status: str, **kw) -> dict:
@@ -314,7 +321,7 @@ def test_wake_endpoint_refuses_a_missing_or_wrong_bearer(
     until_status(db, job_id, "done")
 
 
-def test_heartbeats_keep_a_long_job_leased(
+def test_heartbeats_keep_a_claim_leased_and_stop_only_a_cancelled_job(
     installed: Installed,
     workers: Workers,
     db: psycopg.Connection,
@@ -323,11 +330,25 @@ def test_heartbeats_keep_a_long_job_leased(
 ) -> None:
     worker = workers.start_woken(db, service_role_key, WORKER_LEASE_SECONDS=2)
     log = tmp_path / "runs.jsonl"
-    job_id = enqueue(db, log=str(log), sleep=3.5)
-    # the sweeper runs all along: without heartbeats it would rescue the job after 2 s
-    done = until_status(db, job_id, "done", timeout=15, tick=sweeper(db), interval=0.2)
-    assert done["attempts"] == 1, (done["last_error"], worker.output()[-4000:])
-    assert runs(log, job_id) == [(1, "start"), (1, "end")]
+    with db.transaction():  # one claim takes all three
+        kept = [enqueue(db, log=str(log), sleep=3.5) for _ in range(2)]
+        cancelled = enqueue(db, log=str(log), sleep=30)
+    wait_until(lambda: job(db, cancelled)["status"] == "running", what="the jobs to run")
+    (claims,) = db.execute("select count(*) from pgqueue.claims").fetchone()
+    assert claims == 1, "the three jobs share one claim, so one lease"
+    db.execute("select pgqueue.cancel(%s)", (cancelled,))
+    # the sweeper runs all along: without heartbeats it would rescue the jobs after 2 s
+    for job_id in kept:
+        done = until_status(db, job_id, "done", timeout=15, tick=sweeper(db), interval=0.2)
+        assert done["attempts"] == 1, (done["last_error"], worker.output()[-4000:])
+        assert runs(log, job_id) == [(1, "start"), (1, "end")]
+    # The cancelled job's next renewal left it out: the worker stopped its handler.
+    assert job(db, cancelled)["status"] == "cancelled"
+    assert runs(log, cancelled) == [(1, "start")]
+    wait_until(
+        lambda: {"event": "job.lost", "job_id": cancelled} in log_events(worker.output()),
+        what="the worker to stop the cancelled job",
+    )
 
 
 def test_a_payload_too_deep_to_decode_fails_its_own_job_only(

@@ -1,7 +1,8 @@
 # Worker machinery: you should not need to edit this file (handlers live in handlers/).
 """The lease keeper: one loop for every job a worker has in hand.
 
-It extends the lease of each job that has held it for half its length (heartbeat), stops the
+It extends the leases of the jobs that have held theirs for half its length, all in one call
+(heartbeat_many(): one renewal per claim, since a claim's jobs share a lease), stops the
 handler of a job whose lease was lost (the sweeper rescued it, or it was cancelled), and stops
 a handler that runs past its kind's timeout. It sleeps until the next of those is due, so a
 worker holds no timer per job.
@@ -92,7 +93,7 @@ class LeaseKeeper:
             elif lease.renew_at <= now:
                 due.append((task, lease))
         if due:
-            await asyncio.gather(*(self._renew(task, lease) for task, lease in due))
+            await self._renew(due)
         times = [
             min(lease.renew_at, lease.deadline)
             for task, lease in watched
@@ -110,25 +111,30 @@ class LeaseKeeper:
         finally:
             alarm.cancel()
 
-    async def _renew(self, task: asyncio.Task[None], lease: _Lease) -> None:
+    async def _renew(self, due: list[tuple[asyncio.Task[None], _Lease]]) -> None:
         sent = time.monotonic()
         try:
-            kept = await self._queue.heartbeat(lease.job, self._lease_seconds)
+            running = await self._queue.heartbeat_many(
+                [lease.job for _, lease in due], self._lease_seconds
+            )
         except Exception as exc:  # QueueUnavailable, or the queue refusing the call
             log.warning(
                 "heartbeat failed, retrying",
                 extra={
                     "event": "job.heartbeat_failed",
-                    "job_id": lease.job.id,
+                    "job_ids": [lease.job.id for _, lease in due],
                     "error": describe_exception(exc),
                 },
             )
-            lease.renew_at = time.monotonic() + min(1.0, self._lease_seconds / 4)
+            retry_at = time.monotonic() + min(1.0, self._lease_seconds / 4)
+            for _, lease in due:
+                lease.renew_at = retry_at
             return
-        if kept:
-            lease.renew_at = sent + self._lease_seconds / 2
-        elif not task.done():
-            self._stop(task, "lease_lost")
+        for task, lease in due:
+            if lease.job.id in running:
+                lease.renew_at = sent + self._lease_seconds / 2
+            elif not task.done():
+                self._stop(task, "lease_lost")
 
     def _stop(self, task: asyncio.Task[None], reason: StopReason) -> None:
         self._stopped[task] = reason

@@ -263,8 +263,10 @@ class QueueClient(Protocol):
         when the token is stale."""
         ...
 
-    async def heartbeat(self, job: Job, lease_seconds: int) -> bool:
-        """Extend a job's lease; False means another attempt owns the job now."""
+    async def heartbeat_many(self, jobs: list[Job], lease_seconds: int) -> set[int]:
+        """Extend the leases of the claims that hold `jobs` (one renewal per claim, in one
+        call); the ids of those still running. A job left out has ended under its token (it
+        was cancelled, or its lease ran out and the sweeper took it back): stop it."""
         ...
 
     async def release(self, job: Job) -> bool:
