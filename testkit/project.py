@@ -168,8 +168,8 @@ def variant(worker_style: str, claim_transport: str | None = None) -> Variant:
     return wanted
 
 
-def render(template: Path, dest: Path, **answers) -> Path:
-    """Render the template into dest with the defaults, overridden by answers."""
+def render(template: Path, dest: Path, *, vcs_ref: str = "HEAD", **answers) -> Path:
+    """Render the template (at `vcs_ref`) into dest with the defaults, overridden by answers."""
     with COPIER_LOCK:
         copier.run_copy(
             str(template),
@@ -177,7 +177,7 @@ def render(template: Path, dest: Path, **answers) -> Path:
             data=answers,
             defaults=True,
             unsafe=True,
-            vcs_ref="HEAD",
+            vcs_ref=vcs_ref,
             quiet=True,
         )
     return dest

@@ -255,17 +255,7 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def render_at(template: Path, ref: str, dest: Path, answers: dict) -> Path:
-    with COPIER_LOCK:
-        copier.run_copy(
-            str(template),
-            str(dest),
-            data=answers,
-            defaults=True,
-            unsafe=True,
-            vcs_ref=ref,
-            quiet=True,
-        )
-    return dest
+    return render(template, dest, vcs_ref=ref, **answers)
 
 
 def released_migration_changes(release: Path, head: Path) -> list[str]:
