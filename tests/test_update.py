@@ -127,16 +127,7 @@ def test_update_keeps_user_edits_and_jobs_and_applies_the_new_migration(
     releases: Path, tmp_path: Path
 ) -> None:
     project = tmp_path / "app"
-    with COPIER_LOCK:
-        copier.run_copy(
-            str(releases),
-            str(project),
-            data={"claim_transport": "postgres"},
-            defaults=True,
-            vcs_ref="v1.0.0",
-            unsafe=True,
-            quiet=True,
-        )
+    render(releases, project, vcs_ref="v1.0.0", claim_transport="postgres")
     run(["git", "init", "-q", "-b", "main"], cwd=project)
     commit_all(project, "generated at 1.0.0")
 
