@@ -160,8 +160,8 @@ class InMemoryQueue:
         self.completed += len(jobs)
         return [job.id for job in jobs]
 
-    async def heartbeat(self, job: Any, lease_seconds: int) -> bool:
-        return True
+    async def heartbeat_many(self, jobs: list[Any], lease_seconds: int) -> set[int]:
+        return {job.id for job in jobs}
 
     async def wait_for_jobs(self, queue: str, timeout: float) -> bool:
         await asyncio.sleep(timeout)

@@ -15,6 +15,7 @@ from typing import Any, Literal, NewType, Protocol, get_args
 from uuid import UUID
 
 from pydantic import BaseModel
+from pydantic_core import from_json
 
 
 class QueueUnavailable(Exception):
@@ -66,10 +67,16 @@ class Job:
         decoded here, job by job, so one payload Python cannot decode fails its own job
         instead of the claim of the whole batch. The lock token comes as a UUID from psycopg
         and as text from the Data API."""
+        text = row["payload"]
         try:
-            payload, error = json.loads(row["payload"]), None
-        except RecursionError:
-            payload, error = None, _TOO_DEEP
+            # pydantic's JSON reader, in Rust: several times faster than the json module
+            payload, error = from_json(text), None
+        except ValueError:
+            # It stops at a few hundred levels of nesting; the json module reads more.
+            try:
+                payload, error = json.loads(text), None
+            except RecursionError:
+                payload, error = None, _TOO_DEEP
         token = row["lock_token"]
         return cls(
             row["id"],
