@@ -35,6 +35,35 @@ def test_no_more_than_a_keys_limit_run_at_once_across_concurrent_claimers(
     assert len(seen_running) > 50
 
 
+def test_one_insert_marks_each_queue_it_gives_keyed_jobs_and_their_claims_find_them(
+    flow: psycopg.Connection,
+) -> None:
+    """The insert trigger marks the queues that receive keyed jobs (queues.keyed), so that
+    their claims look for keyed jobs: one statement spanning queues marks each keyed one."""
+    db = flow
+    ids = [
+        row[0]
+        for row in db.execute(
+            "select pgqueue.enqueue_many(%s)",
+            (
+                Jsonb(
+                    [
+                        {"kind": "k", "queue": "plain"},
+                        {"kind": "k", "queue": "tenants", "concurrency_key": "t1"},
+                        {"kind": "k", "queue": "plain"},
+                        {"kind": "k", "queue": "regions", "concurrency_key": "r1"},
+                    ]
+                ),
+            ),
+        ).fetchall()
+    ]
+    marked = db.execute("select queue from pgqueue.queues where keyed order by queue").fetchall()
+    assert marked == [("regions",), ("tenants",)]
+    for queue, wanted in (("tenants", [ids[1]]), ("regions", [ids[3]]), ("plain", ids[::2])):
+        claimed = complete_and_claim(db, max_jobs=10, queue=queue)
+        assert sorted(j["id"] for j in claimed) == sorted(wanted), queue
+
+
 def test_a_default_limit_applies_to_keys_without_their_own(flow: psycopg.Connection) -> None:
     db = flow
     db.execute("""select pgqueue.configure('{"default_concurrency_limit": 1}')""")

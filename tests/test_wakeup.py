@@ -4,6 +4,7 @@ real Vault secrets, and NOTIFY for listening workers."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -120,6 +121,32 @@ def test_each_insert_statement_sends_its_own_wake_up(
         ["default"],
         ["default", "q2"],
     ]
+
+
+def test_one_insert_wakes_only_the_queues_with_due_jobs(
+    db: psycopg.Connection, sink: HttpSink
+) -> None:
+    point_wake_ups(db, sink.url, GUC_KEY)
+    later = "2999-01-01T00:00:00Z"
+    db.execute(
+        "select pgqueue.enqueue_many(%s)",
+        (
+            json.dumps(
+                [
+                    {"kind": "a", "queue": "q-later", "run_after": later},
+                    {"kind": "b", "queue": "q-now"},
+                    {"kind": "c", "queue": "q-later", "run_after": later},
+                    {"kind": "d", "queue": "q-now-too"},
+                ]
+            ),
+        ),
+    )
+    db.execute(
+        "select pgqueue.enqueue_many(%s)",
+        (json.dumps([{"kind": "e", "queue": "q-later", "run_after": later}] * 2),),
+    )
+    wait_for_pg_net(db)
+    assert [sorted(r.json()["queues"]) for r in sink.requests] == [["q-now", "q-now-too"]]
 
 
 def test_delayed_jobs_and_duplicate_keys_send_no_wake_up(
