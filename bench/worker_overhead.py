@@ -111,8 +111,8 @@ def _instructions(jobs: int) -> int:
 
 class InMemoryQueue:
     """The calls a draining worker makes, answered at once. Claims return rows shaped as
-    the postgres transport gets them (the payload as JSON text, the lock token a UUID) and
-    make them jobs as it does; each call yields to the event loop once, as a round trip
+    the postgres transport gets them (tuples, the payload as JSON text, the lock token a UUID)
+    and make them jobs as it does; each call yields to the event loop once, as a round trip
     would."""
 
     def __init__(self, job_class: Any, jobs: int) -> None:
@@ -141,19 +141,13 @@ class InMemoryQueue:
         self.completed += len(done)
         count = min(max_jobs, self._left)
         self._left -= count
+        token = uuid.uuid4()  # one a claim
         rows = [
-            {
-                "id": job_id,
-                "kind": "noop",
-                "payload": f'{{"n": {job_id}}}',
-                "attempts": 1,
-                "max_attempts": 5,
-                "lock_token": uuid.UUID(int=job_id),
-            }
+            (job_id, "noop", f'{{"n": {job_id}}}', 1, 5, token)
             for job_id in range(self._next_id, self._next_id + count)
         ]
         self._next_id += count
-        return [self._job_class.from_claim(row, queue) for row in rows]
+        return [self._job_class.claimed(queue, *row) for row in rows]
 
     async def complete_many(self, jobs: list[Any]) -> list[int]:
         await asyncio.sleep(0)

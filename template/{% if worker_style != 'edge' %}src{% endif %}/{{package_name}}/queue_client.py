@@ -62,12 +62,33 @@ class Job:
 
     @classmethod
     def from_claim(cls, row: dict[str, Any], queue: str) -> Job:
+        """A row of complete_and_claim() as a dict (the Data API's JSON): see claimed()."""
+        return cls.claimed(
+            queue,
+            row["id"],
+            row["kind"],
+            row["payload"],
+            row["attempts"],
+            row["max_attempts"],
+            row["lock_token"],
+        )
+
+    @classmethod
+    def claimed(
+        cls,
+        queue: str,
+        job_id: int,
+        kind: str,
+        text: str,
+        attempts: int,
+        max_attempts: int,
+        token: UUID | str,
+    ) -> Job:
         """A row of complete_and_claim(), which names no queue (its jobs are of the `queue`
         it was asked for), whose payload came as JSON text (`payload::text`): the payload is
         decoded here, job by job, so one payload Python cannot decode fails its own job
         instead of the claim of the whole batch. The lock token comes as a UUID from psycopg
         and as text from the Data API."""
-        text = row["payload"]
         try:
             # pydantic's JSON reader, in Rust: several times faster than the json module
             payload, error = from_json(text), None
@@ -77,14 +98,13 @@ class Job:
                 payload, error = json.loads(text), None
             except RecursionError:
                 payload, error = None, _TOO_DEEP
-        token = row["lock_token"]
         return cls(
-            row["id"],
+            job_id,
             queue,
-            row["kind"],
+            kind,
             payload,
-            row["attempts"],
-            row["max_attempts"],
+            attempts,
+            max_attempts,
             token if isinstance(token, UUID) else UUID(token),
             error,
         )
