@@ -156,6 +156,10 @@ def scenarios(sizes: Sizes) -> dict[str, Callable[[Stack], Figures]]:
         "churn": lambda s: queue_sql.churn(
             s, sizes.churn_jobs, sizes.churn_segment, sizes.churn_backlog
         ),
+        # what-if: the same, with a VACUUM of the job table every second
+        "churn_vacuumed": lambda s: queue_sql.churn(
+            s, sizes.churn_jobs, sizes.churn_segment, sizes.churn_backlog, vacuum_every=1.0
+        ),
         "notify_latency": lambda s: queue_sql.notify_latency(
             s, sizes.latency_samples, sizes.latency_rate
         ),

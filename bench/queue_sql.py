@@ -289,15 +289,28 @@ def _churn_claimer(
         out.put(claims)
 
 
-def churn(stack: Stack, jobs: int, segment: int, backlog: int) -> dict[str, float]:
+def _churn_vacuumer(dsn: str, every: float, stop: EventType, vacuums: Synchronized) -> None:
+    """VACUUM the job table every `every` seconds until `stop` is set."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while not stop.wait(every):
+            conn.execute(f"vacuum (skip_locked) {S}.jobs")
+            vacuums.value += 1
+
+
+def churn(
+    stack: Stack, jobs: int, segment: int, backlog: int, vacuum_every: float | None = None
+) -> dict[str, float]:
     """`jobs` jobs through the table as in production: one process enqueues in batches,
     topping the queue up to about `backlog` jobs, while CHURN_CLAIMERS processes drain with
     complete_and_claim(100). No vacuum but autovacuum's, at its defaults and the table's
-    own settings. The claim rate of each `segment` jobs in turn, and the last's over the
-    first's: does the table slow down as dead rows pile up?"""
+    own settings, unless `vacuum_every` (seconds) is given: then a side process also runs
+    VACUUM on the job table that often (a what-if: nothing in the queue does that). The claim
+    rate of each `segment` jobs in turn, and the last's over the first's: does the table slow
+    down as dead rows pile up?"""
     reset(stack, queued=backlog)
     ctx = multiprocessing.get_context("fork")
     go, enqueued, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    drained, vacuums = ctx.Event(), ctx.Value("q", 0)
     claimed = ctx.Value("q", 0)
     dsn = stack.dsn()
     procs = [
@@ -307,13 +320,27 @@ def churn(stack: Stack, jobs: int, segment: int, backlog: int) -> dict[str, floa
             for i in range(CHURN_CLAIMERS)
         ),
     ]
+    vacuumer = (
+        ctx.Process(target=_churn_vacuumer, args=(dsn, vacuum_every, drained, vacuums))
+        if vacuum_every
+        else None
+    )
     autovacuums_before = _jobs_table(stack)[0]
     for proc in procs:
         proc.start()
     time.sleep(0.5)  # connected and warmed up
     started = time.perf_counter()
+    if vacuumer is not None:
+        vacuumer.start()
     go.set()
-    claims = sorted(c for result in gather_results(out, procs[1:], timeout=1800) for c in result)
+    try:
+        claims = sorted(
+            c for result in gather_results(out, procs[1:], timeout=1800) for c in result
+        )
+    finally:
+        drained.set()
+        if vacuumer is not None:
+            vacuumer.join()
     for proc in procs:
         proc.join()
     _check_all_done(stack, jobs)
@@ -329,6 +356,8 @@ def churn(stack: Stack, jobs: int, segment: int, backlog: int) -> dict[str, floa
     figures["last_vs_first"] = rates[-1] / rates[0]
     autovacuums, dead_rows, size = _jobs_table(stack)
     figures["autovacuums"] = autovacuums - autovacuums_before
+    if vacuumer is not None:
+        figures["vacuums"] = vacuums.value
     figures["dead_rows_at_end"] = dead_rows
     figures["jobs_table_mb_at_end"] = size / 2**20
     return figures

@@ -45,7 +45,7 @@ def unit_of(figure: str) -> str:
         ("jobs_per_s", "jobs/s"),
         ("_ms", "ms"),
         ("samples", "jobs"),
-        ("autovacuums", "runs"),
+        ("vacuums", "runs"),  # (autovacuums too)
         ("_rows", "rows"),
         ("_mb", "MiB"),
         ("_batch", "batch"),

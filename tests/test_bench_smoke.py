@@ -23,6 +23,12 @@ SCENARIOS = {
         "overall_jobs_per_s",
         "last_vs_first",
     },
+    # the same with a VACUUM every second (a what-if; it may not come round on the smoke run)
+    "churn_vacuumed": {
+        *(f"segment_{n:02d}_jobs_per_s" for n in range(1, 7)),
+        "overall_jobs_per_s",
+        "last_vs_first",
+    },
     "notify_latency": {"p50_ms", "p95_ms", "p99_ms"},
     "pgqueuer": {"enqueue_jobs_per_s", "drain_jobs_per_s"},
     "procrastinate": {"enqueue_jobs_per_s", "drain_jobs_per_s"},
