@@ -329,4 +329,6 @@ async def _child(mode: str, package: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(_child(sys.argv[1], sys.argv[2]))
+    # on the event loop the worker's own command runs it on (uvloop where installed)
+    runner = importlib.import_module(f"{sys.argv[2]}.worker").run_until_complete
+    runner(_child(sys.argv[1], sys.argv[2]))

@@ -58,6 +58,9 @@ def test_job_enqueued_with_a_domain_row_runs_once(
     assert done["attempts"] == 1
     time.sleep(0.5)
     assert runs(log, job_id) == [(1, "start"), (1, "end")]
+    if not installed.http:  # (python-http serves uvicorn through the same run_until_complete)
+        [started] = worker.events("worker.start")
+        assert started["event_loop"] == "uvloop"
     if installed.http:
         wait_for_pg_net(db)
         codes = [r[0] for r in db.execute("select status_code from net._http_response")]
