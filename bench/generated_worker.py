@@ -20,13 +20,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Coroutine
 from pathlib import Path
 from types import ModuleType
+from typing import Any, TypeVar
 
 import psycopg
 
 from .queue_sql import percentile, reset
 from .stack import REPO, SCHEMA, Stack, pip_install_editable
+
+T = TypeVar("T")
 
 # The job kind: a handler module added to each rendered project's handlers/, as a user adds one.
 NOOP_HANDLER = Path(__file__).parent / "handlers" / "bench_noop.py"
@@ -296,6 +300,12 @@ def transport_module(package: str) -> ModuleType:
     raise RuntimeError(f"{package} has no transport module")
 
 
+def run_on_worker_loop(package: str, main: Coroutine[Any, Any, T]) -> T:
+    """Run `main` on the event loop the generated worker's own command runs on (uvloop where
+    installed): `package`'s worker.run_until_complete."""
+    return importlib.import_module(f"{package}.worker").run_until_complete(main)
+
+
 async def _child(mode: str, package: str) -> None:
     transport = transport_module(package)
     registry = importlib.import_module(f"{package}.registry")
@@ -329,6 +339,4 @@ async def _child(mode: str, package: str) -> None:
 
 
 if __name__ == "__main__":
-    # on the event loop the worker's own command runs it on (uvloop where installed)
-    runner = importlib.import_module(f"{sys.argv[2]}.worker").run_until_complete
-    runner(_child(sys.argv[1], sys.argv[2]))
+    run_on_worker_loop(sys.argv[2], _child(sys.argv[1], sys.argv[2]))

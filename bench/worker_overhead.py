@@ -182,6 +182,5 @@ async def _drain_child(package: str, jobs: int) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    # on the event loop the worker's own command runs it on (uvloop where installed)
-    runner = importlib.import_module(f"{sys.argv[1]}.worker").run_until_complete
-    print(json.dumps(runner(_drain_child(sys.argv[1], int(sys.argv[2])))))
+    drained = _drain_child(sys.argv[1], int(sys.argv[2]))
+    print(json.dumps(generated_worker.run_on_worker_loop(sys.argv[1], drained)))
