@@ -252,6 +252,18 @@ def test_no_statement_of_the_hot_path_scans_the_job_table(db: psycopg.Connection
     assert "Tid Scan" in nested, "and delete the rows they locked by ctid"
 
 
+def test_claim_reads_its_jobs_back_without_scanning_the_queue(db: psycopg.Connection) -> None:
+    """claim() returns whole job rows: it reads them from its own claim, by the claim's key,
+    not by looking for its token among the queued jobs."""
+    enqueue_n(db, 5_000)
+    db.execute("analyze pgqueue.jobs")
+    with plans_logged(db) as plans:
+        claimed = db.execute("select status, lock_token from pgqueue.claim('w', 100)").fetchall()
+    nested = "\n".join(plans)
+    assert len(claimed) == 100 and set(claimed) == {("running", claimed[0][1])}
+    assert "Seq Scan on jobs" not in nested, nested
+
+
 def test_a_claim_deletes_its_jobs_and_a_heartbeat_renews_one_row(db: psycopg.Connection) -> None:
     def writes(table: str) -> tuple[int, int, int]:
         """Rows of `table` updated, HOT-updated and deleted so far."""

@@ -202,6 +202,28 @@ def test_enqueue_rejects_an_empty_kind(db: psycopg.Connection) -> None:
         db.execute("select pgqueue.enqueue('')")
 
 
+@pytest.mark.parametrize(
+    "columns",
+    [
+        "status => 'running', lock_token => gen_random_uuid(), locked_until => now()",
+        "status => 'done', finished_at => now()",
+        "lock_token => gen_random_uuid()",
+        "locked_until => now()",
+        "finished_at => now()",
+    ],
+)
+def test_a_plain_insert_of_a_job_that_is_not_queued_is_refused(
+    db: psycopg.Connection, columns: str
+) -> None:
+    """The job table holds queued jobs only: running ones are claims, finished ones history."""
+    pairs = [c.split(" => ") for c in columns.split(", ")]
+    names = ", ".join(name for name, _ in pairs)
+    values = ", ".join(value for _, value in pairs)
+    with pytest.raises(psycopg.errors.CheckViolation, match="jobs_queued_check"):
+        db.execute(f"insert into pgqueue.jobs (kind, {names}) values ('k', {values})")
+    assert db.execute("select count(*) from pgqueue.live_jobs").fetchone()[0] == 0
+
+
 def test_backoff_grows_until_the_last_failure_dead_letters_and_replay_revives(
     db: psycopg.Connection,
 ) -> None:
