@@ -138,6 +138,8 @@ def test_a_paused_queue_is_not_claimed_and_its_running_jobs_finish(
     assert db.execute(
         "select paused, queued from pgqueue.queue_states where queue = 'default'"
     ).fetchone() == (True, 1)
+    # resume() wakes the workers: with a NOTIFY too where they LISTEN
+    db.execute("""select pgqueue.configure('{"notify_listeners": true}')""")
     db.execute("listen pgqueue")
     assert db.execute("select pgqueue.resume('default')").fetchone() == (True,)
     assert [n.payload for n in db.notifies(timeout=2, stop_after=1)] == ["default"]

@@ -575,6 +575,8 @@ def test_configuration_is_seeded_from_the_answers(config: dict) -> None:
         "default_concurrency_limit": None,
         "key_retention_days": 7,
         "max_result_bytes": 65536,
+        # the default answers' supabase transport: no worker LISTENs (the notify migration)
+        "notify_listeners": False,
     }
 
 
@@ -623,6 +625,8 @@ def test_sweep_prunes_by_the_configured_retention(db: psycopg.Connection, config
         ({"worker_url": "ftp://x"}, psycopg.errors.CheckViolation, "worker_url_is_http"),
         ({"sweep_schedule": "often"}, psycopg.errors.CheckViolation, "five_cron_fields"),
         ({"service_key_setting": "key"}, psycopg.errors.CheckViolation, "a_custom_setting"),
+        ({"notify_listeners": "maybe"}, psycopg.errors.InvalidTextRepresentation, '"maybe"'),
+        ({"notify_listeners": None}, psycopg.errors.InvalidParameterValue, "cannot be null"),
     ],
 )
 def test_configure_refuses_bad_settings_and_changes_nothing(

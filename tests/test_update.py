@@ -303,6 +303,9 @@ def expected_config(answers: dict) -> dict:
         "worker_url_setting": answers["worker_url_setting"],
         "service_key_setting": answers["service_key_setting"],
         "sweep_schedule": answers["sweep_schedule"],
+        # a NOTIFY only where workers LISTEN: the postgres transport's
+        "notify_listeners": answers["worker_style"] != "edge"
+        and answers.get("claim_transport") == "postgres",
     }
 
 
@@ -472,7 +475,13 @@ def test_each_answer_change_adds_one_migration_that_changes_only_that_answer(
         user = project / MIGRATIONS_DIR / "20991231000000_orders.sql"
         user.write_text(USER_MIGRATION)
         commit_all(project, "our migration")
-        update(project, "HEAD", max_attempts=3, sweep_schedule="*/10 * * * *")
+        update(
+            project,
+            "HEAD",
+            max_attempts=3,
+            sweep_schedule="*/10 * * * *",
+            claim_transport="postgres",  # whose workers LISTEN: NOTIFY on
+        )
         assert (project / MIGRATIONS_DIR / "20991231000001_pgqueue_config.sql").exists()
 
         supabase(project, "migration", "up", "--db-url", cluster.url())
@@ -481,6 +490,7 @@ def test_each_answer_change_adds_one_migration_that_changes_only_that_answer(
             assert (config["lease_seconds"], config["max_attempts"]) == (600, 3)
             assert config["retention_days"] == 2
             assert config["sweep_schedule"] == "*/10 * * * *"
+            assert config["notify_listeners"] is True
             assert db.execute(
                 "select schedule from cron.job where jobname = 'pgqueue-sweep'"
             ).fetchone() == ("*/10 * * * *",)

@@ -219,8 +219,9 @@ def test_a_rolled_back_enqueue_leaves_no_job_and_sends_no_request(
 
 
 def test_listeners_are_notified_once_per_transaction_with_the_queue_name(
-    db: psycopg.Connection, stack: Cluster
+    db: psycopg.Connection, stack: Cluster, config: dict
 ) -> None:
+    db.execute("""select pgqueue.configure('{"notify_listeners": true}')""")
     with stack.connect(autocommit=True) as listener:
         listener.execute("listen pgqueue")
         with stack.connect() as conn:
@@ -230,6 +231,27 @@ def test_listeners_are_notified_once_per_transaction_with_the_queue_name(
             conn.commit()
         received = [n.payload for n in listener.notifies(timeout=1, stop_after=3)]
     assert sorted(received) == ["default", "mail"]
+
+
+def test_with_notify_listeners_off_an_insert_sends_no_notify_but_its_wake_up(
+    db: psycopg.Connection, stack: Cluster, sink: HttpSink, config: dict
+) -> None:
+    """Where no worker LISTENs (the supabase transport, Edge Functions), an enqueue sends no
+    NOTIFY, whose commit PostgreSQL would serialize, and still its pg_net wake-up."""
+    db.execute("""select pgqueue.configure('{"notify_listeners": false}')""")
+    with stack.connect(autocommit=True) as listener:
+        listener.execute("listen pgqueue")
+        with stack.connect() as conn:
+            point_wake_ups(conn, sink.url, GUC_KEY)
+            conn.execute("select pgqueue.enqueue('k')")
+            conn.commit()
+        # the same, on again, as a control: the listener hears this one
+        db.execute("""select pgqueue.configure('{"notify_listeners": true}')""")
+        db.execute("select pgqueue.enqueue('k', queue => 'mail')")
+        received = [n.payload for n in listener.notifies(timeout=1, stop_after=2)]
+    assert received == ["mail"]
+    assert requests_made(db) == 1, "the wake-up of the first insert (the second has no URL)"
+    assert len(sink.requests) == 1
 
 
 def create_vault_secrets(db: psycopg.Connection, url: str, key: str) -> None:

@@ -7,16 +7,30 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from psycopg.types.json import Jsonb
 
-from testkit.project import PYTHON_VARIANTS
+from testkit.cluster import Cluster
+from testkit.project import PYTHON_VARIANTS, Variant
 from tests.support.workers import Installed, Workers
 
 
 @pytest.fixture(params=PYTHON_VARIANTS, ids=str)
-def installed(request: pytest.FixtureRequest, installs: dict, stack_env: dict) -> Installed:
+def installed(
+    request: pytest.FixtureRequest, installs: dict, stack_env: dict, stack: Cluster
+) -> Iterator[Installed]:
     """A rendered variant installed in its own venv (parametrized over all of them). Asks
-    for the stack after `installs`, so the stack starts while uv runs."""
-    return installs[request.param].result()
+    for the stack after `installs`, so the stack starts while uv runs. While the variant is
+    under test, the database sends NOTIFY as the variant's own project would have it seeded
+    (config.notify_listeners: on for the postgres transport, whose workers LISTEN)."""
+    variant: Variant = request.param
+    with stack.connect(autocommit=True) as db:
+        (seeded,) = db.execute("select pgqueue.configure()").fetchone()
+        listens = {"notify_listeners": variant.claim_transport == "postgres"}
+        db.execute("select pgqueue.configure(%s)", (Jsonb(listens),))
+    yield installs[variant].result()
+    with stack.connect(autocommit=True) as db:
+        restore = {"notify_listeners": seeded["notify_listeners"]}
+        db.execute("select pgqueue.configure(%s)", (Jsonb(restore),))
 
 
 @pytest.fixture
