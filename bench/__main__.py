@@ -36,6 +36,7 @@ Figures = dict[str, float]
 class Sizes:
     jobs: int  # jobs drained per drain/claim figure
     enqueue_jobs: int
+    single_jobs: int  # enqueued one a transaction (enqueue_one_*, pgmq_send_*)
     finished: int  # finished jobs kept (history and done batches) for the finished_rows figure
     supabase_jobs: int  # the supabase transport pays an HTTP request per call
     pgqueuer_jobs: int
@@ -63,14 +64,14 @@ class Sizes:
 
 
 FULL = Sizes(
-    20_000, 100_000, 1_000_000, 5_000, 20_000, 1_000, 500, 100.0, 250, 600, 15, 2.0,
+    20_000, 100_000, 10_000, 1_000_000, 5_000, 20_000, 1_000, 500, 100.0, 250, 600, 15, 2.0,
     churn_jobs=500_000, churn_segment=50_000, churn_backlog=10_000,
     fairness_big=100_000, rate_per_s=200.0, rate_burst=20, rate_seconds=5.0,
     limited_jobs=2_000,
 )  # fmt: skip
 # (isolated jobs closer together than in a real run: the smoke run only checks that it works)
 SMOKE = Sizes(
-    300, 1_000, 2_000, 100, 300, 30, 20, 100.0, 10, 20, 2, 0.5,
+    300, 1_000, 100, 2_000, 100, 300, 30, 20, 100.0, 10, 20, 2, 0.5,
     churn_jobs=3_000, churn_segment=500, churn_backlog=500,
     fairness_big=1_000, rate_per_s=100.0, rate_burst=10, rate_seconds=2.0,
     limited_jobs=200,
@@ -142,6 +143,18 @@ def scenarios(sizes: Sizes) -> dict[str, Callable[[Stack], Figures]]:
         "commit_latency": lambda s: queue_sql.commit_latency(s, samples=200),
         "enqueue_many": lambda s: queue_sql.enqueue_many(s, sizes.enqueue_jobs),
         "pgmq_send_batch": lambda s: peers.pgmq_send_batch(s, sizes.enqueue_jobs),
+        **{
+            name: lambda s, f=f, p=processes: f(s, sizes.single_jobs, p)
+            for processes in (1, 4)
+            for name, f in (
+                (f"enqueue_one_{processes}proc", queue_sql.enqueue_one),
+                (f"pgmq_send_{processes}proc", peers.pgmq_send),
+            )
+        },
+        # the same with a NOTIFY per enqueue, as for workers that LISTEN (postgres transport)
+        "enqueue_one_notify_4proc": lambda s: queue_sql.enqueue_one(
+            s, sizes.single_jobs, 4, notify=True
+        ),
         "sql_claim_1proc": lambda s: queue_sql.claim_loop(s, sizes.jobs, processes=1),
         "sql_claim_4proc": lambda s: queue_sql.claim_loop(s, sizes.jobs, processes=4),
         "sql_hot_1proc": lambda s: queue_sql.hot_loop(s, sizes.jobs, processes=1),

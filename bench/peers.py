@@ -23,7 +23,7 @@ from multiprocessing.synchronize import Event as EventType
 
 import psycopg
 
-from .queue_sql import CLAIM_BATCH, ENQUEUE_BATCH, run_claimers
+from .queue_sql import CLAIM_BATCH, ENQUEUE_BATCH, SINGLE_WARM_UP, run_claimers, run_senders
 from .stack import Stack, wait_idle_autovacuum
 
 PGQUEUER_DEQUEUERS = 5
@@ -151,6 +151,26 @@ def pgmq_send_batch(stack: Stack, jobs: int) -> dict[str, float]:
     if count != jobs:
         raise RuntimeError(f"pgmq.send_batch stored {count} of {jobs} messages")
     return {"jobs_per_s": jobs / elapsed}
+
+
+def pgmq_send(stack: Stack, jobs: int, processes: int) -> dict[str, float]:
+    """pgmq.send(queue, jsonb), one message a call and a transaction, `processes`
+    connections sharing `jobs`: our enqueue_one scenario's counterpart."""
+    pgmq_reset(stack)
+    with stack.cluster.connect("pgmq", autocommit=True) as conn:
+        conn.execute("select pgmq.create(%s)", (SINGLE_WARM_UP,))
+    rate = run_senders(
+        stack.dsn("pgmq"),
+        "select pgmq.send(%(queue)s, %(payload)s::jsonb)",
+        PGMQ_QUEUE,
+        jobs,
+        processes,
+    )
+    with stack.cluster.connect("pgmq", autocommit=True) as conn:
+        count = conn.execute(f"select count(*) from pgmq.q_{PGMQ_QUEUE}").fetchone()
+    if count is None or count[0] != jobs:
+        raise RuntimeError(f"pgmq.send stored {count} of {jobs} messages")
+    return {"jobs_per_s": rate}
 
 
 def _pgmq_loop(dsn: str, name: str, go: EventType, out: multiprocessing.Queue, finish: str) -> None:

@@ -104,6 +104,75 @@ def enqueue_many(stack: Stack, jobs: int) -> dict[str, float]:
     return {"jobs_per_s": jobs / elapsed}
 
 
+SINGLE_WARM_UP = "warm-up"  # a queue nobody counts: each sender's first call goes there
+
+
+def enqueue_one(stack: Stack, jobs: int, processes: int, notify: bool = False) -> dict[str, float]:
+    """`processes` connections share `jobs` enqueue() calls of one job each, every call its own
+    durable transaction: an application that enqueues as it serves requests. With `notify`,
+    each sends NOTIFY as for workers that LISTEN (config.notify_listeners, on as the postgres
+    transport seeds it); without, as the supabase transport and Edge Functions seed it."""
+    reset(stack)
+    with stack.cluster.connect(autocommit=True) as conn:
+        (seeded,) = conn.execute(f"select {S}.configure()").fetchone()
+        conn.execute(
+            f"select {S}.configure(%s::jsonb)", (json.dumps({"notify_listeners": notify}),)
+        )
+    try:
+        rate = run_senders(
+            stack.dsn(),
+            f"select {S}.enqueue('noop', %(payload)s::jsonb, queue => %(queue)s)",
+            "default",
+            jobs,
+            processes,
+        )
+    finally:
+        with stack.cluster.connect(autocommit=True) as conn:
+            restore = {"notify_listeners": seeded["notify_listeners"]}
+            conn.execute(f"select {S}.configure(%s::jsonb)", (json.dumps(restore),))
+    with stack.cluster.connect(autocommit=True) as conn:
+        count = conn.execute(f"select count(*) from {S}.jobs where queue = 'default'").fetchone()
+    if count is None or count[0] != jobs:
+        raise RuntimeError(f"enqueue stored {count} of {jobs} jobs")
+    return {"jobs_per_s": rate}
+
+
+def run_senders(dsn: str, statement: str, queue_name: str, jobs: int, processes: int) -> float:
+    """Start `processes` processes that share `jobs` calls of `statement` (parameters `queue`
+    and `payload`), one call a transaction, on `queue_name`; each first makes one call on
+    SINGLE_WARM_UP, then waits for the go given to all at once. Jobs/s."""
+    ctx = multiprocessing.get_context("fork")
+    go, out = ctx.Event(), ctx.Queue()
+    shares = [jobs // processes + (i < jobs % processes) for i in range(processes)]
+    procs = [
+        ctx.Process(target=_send_loop, args=(dsn, statement, queue_name, share, go, out))
+        for share in shares
+    ]
+    for proc in procs:
+        proc.start()
+    time.sleep(0.3 + 0.1 * processes)  # connected and warmed up
+    started = time.perf_counter()
+    go.set()
+    results = gather_results(out, procs, timeout=600)
+    for proc in procs:
+        proc.join()
+    if sum(sent for sent, _ in results) != jobs:
+        raise RuntimeError(f"senders made {sum(sent for sent, _ in results)} of {jobs} calls")
+    return jobs / (max(at for _, at in results) - started)
+
+
+def _send_loop(
+    dsn: str, statement: str, queue_name: str, count: int, go: EventType, out: multiprocessing.Queue
+) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(statement, {"queue": SINGLE_WARM_UP, "payload": "{}"}, prepare=True)
+        go.wait()
+        for n in range(count):
+            params = {"queue": queue_name, "payload": json.dumps({"n": n})}
+            conn.execute(statement, params, prepare=True)
+        out.put((count, time.perf_counter()))
+
+
 # A claimer process: (dsn, worker name, go signal, results queue). It connects and warms up,
 # waits for the go signal, drains the queue, then puts (jobs completed, when it finished,
 # seconds spent in its claiming calls) on the queue.
