@@ -264,6 +264,28 @@ def test_claim_reads_its_jobs_back_without_scanning_the_queue(db: psycopg.Connec
     assert "Seq Scan on jobs" not in nested, nested
 
 
+@pytest.mark.parametrize("where", ["status = 'running'", "lock_token = gen_random_uuid()"])
+def test_live_jobs_finds_running_jobs_without_reading_the_queue(
+    db: psycopg.Connection, where: str
+) -> None:
+    """jobs_queued_check says no queued row runs or holds a token, so the planner leaves the
+    job table out of such a query on live_jobs (constraint exclusion of a UNION ALL branch)."""
+    enqueue_n(db, 2_000)
+    db.execute("analyze pgqueue.jobs")
+    plan = "\n".join(
+        r[0] for r in db.execute(f"explain select * from pgqueue.live_jobs where {where}")
+    )
+    assert " on jobs " not in plan and " on claims " in plan, plan
+    # and the answer is the claims' jobs, as before
+    (token,) = db.execute("select lock_token from pgqueue.claim('w', 3) limit 1").fetchone()
+    asked = where.replace("gen_random_uuid()", "%s")
+    rows = db.execute(
+        f"select lock_token from pgqueue.live_jobs where {asked}",
+        (token,) if "lock_token" in where else (),
+    ).fetchall()
+    assert rows == [(token,)] * 3
+
+
 def test_a_claim_deletes_its_jobs_and_a_heartbeat_renews_one_row(db: psycopg.Connection) -> None:
     def writes(table: str) -> tuple[int, int, int]:
         """Rows of `table` updated, HOT-updated and deleted so far."""
