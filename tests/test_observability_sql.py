@@ -429,6 +429,69 @@ def test_a_malformed_traceparent_is_refused_and_nothing_is_enqueued(
     assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (0,)
 
 
+def near_traceparents() -> list[str]:
+    """TRACE with one character replaced, removed or added at each position, each replacement
+    drawn from characters a bad header might hold: what a format test can get wrong."""
+    swaps = ["-", "0", "f", "g", "A", "_", " ", "\n", "é"]
+    out = [TRACE, TRACE + "\n", "\n" + TRACE, TRACE.replace("-", "")]
+    for i in range(len(TRACE) + 1):
+        out.append(TRACE[:i] + TRACE[i + 1 :])
+        out += [TRACE[:i] + c + TRACE[i + 1 :] for c in swaps]
+        out += [TRACE[:i] + c + TRACE[i:] for c in ("0", "-")]
+    return sorted(set(out))
+
+
+def test_the_check_and_enqueue_many_accept_exactly_what_is_traceparent_accepts(
+    obs: psycopg.Connection,
+) -> None:
+    """The table's check and enqueue_many() test the format as an expression of their own
+    (no function call per job); is_traceparent() is the definition they must agree with."""
+    db = obs
+    values = near_traceparents()
+    assert len(values) > 500
+    verdicts = dict(
+        db.execute("select v, pgqueue.is_traceparent(v) from unnest(%s::text[]) v", (values,))
+    )
+    assert sum(verdicts.values()) > 50, "the near misses include valid headers"
+    for value in values:
+        with db.transaction(force_rollback=True):
+            try:
+                with db.transaction():
+                    db.execute(
+                        "insert into pgqueue.jobs (kind, trace_context) values ('t', %s)", (value,)
+                    )
+                stored = True
+            except psycopg.errors.CheckViolation:
+                stored = False
+            try:
+                with db.transaction():
+                    db.execute(
+                        "select pgqueue.enqueue_many(%s)",
+                        (Jsonb([{"kind": "t", "traceparent": value}]),),
+                    )
+                enqueued = True
+            except psycopg.errors.InvalidParameterValue:
+                enqueued = False
+        assert stored == enqueued == verdicts[value], repr(value)
+
+
+def test_a_valid_traceparent_costs_no_function_call_per_job(obs: psycopg.Connection) -> None:
+    db = obs
+    jobs = Jsonb([{"kind": "t", "traceparent": TRACE}] * 50)
+    with db.transaction(force_rollback=True):
+        db.execute("set local track_functions = 'all'")
+        db.execute("select pgqueue.enqueue_many(%s)", (jobs,))
+        calls = db.execute(
+            "select coalesce(sum(calls), 0) from pg_stat_xact_user_functions where"
+            " schemaname = 'pgqueue' and funcname in ('is_traceparent', 'checked_traceparent')"
+        ).fetchone()
+        stored = db.execute(
+            "select count(*) from pgqueue.jobs where trace_context = %s", (TRACE,)
+        ).fetchone()
+    assert stored == (50,)
+    assert calls == (0,)
+
+
 def test_the_table_refuses_a_malformed_trace_context_written_directly(
     obs: psycopg.Connection,
 ) -> None:
