@@ -129,40 +129,40 @@ STEPS = (
         "two_calls",
         "claim(100) + complete_many(): two calls and two commits a batch, a token per job, "
         "every column returned, tables as before the migration, done jobs kept in the job table",
-        blocks=("jobs_before", "two_calls"),
+        blocks=("jobs_before", "checks_then", "two_calls"),
         history=(),
     ),
     Step(
         "one_call",
         "complete_and_claim(): one call and one commit a batch, the columns a worker needs; "
         "a finished job leaves the job table, a job_history row per done job",
-        blocks=("jobs_before",),
+        blocks=("jobs_before", "checks_then"),
         rewrites=("history_row_per_job", "token_per_job"),
     ),
     Step(
         "one_token",
         "+ one lock token per call instead of one per job",
-        blocks=("jobs_before",),
+        blocks=("jobs_before", "checks_then"),
         rewrites=("history_row_per_job",),
     ),
     Step(
         "hot_claims",
         "+ claim index without a status predicate, no lease index, fillfactor 50: HOT claims",
-        blocks=("hot_table", "jobs_hot"),
+        blocks=("hot_table", "checks_then", "jobs_hot"),
         rewrites=("history_row_per_job",),
     ),
     Step(
         "done_batches",
         "+ done jobs without a key a done_batches row per call: the hot path as migration "
         "20261203000003 left it",
-        blocks=("hot_table", "jobs_hot"),
+        blocks=("hot_table", "checks_then", "jobs_hot"),
         history=HISTORY_TABLES,
     ),
     Step(
         "flow_control",
         "issue 17's complete_and_claim() (pause, rate limits, concurrency keys, results), "
         "no key, limit or pause set",
-        blocks=("hot_table", "jobs_flow"),
+        blocks=("hot_table", "checks_then", "jobs_flow"),
         history=HISTORY_TABLES,
     ),
     Step(

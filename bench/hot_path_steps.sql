@@ -21,16 +21,6 @@ create table {s}.jobs (like pgqueue.jobs including all excluding indexes) with (
   autovacuum_vacuum_cost_delay = 0
 );
 alter table {s}.jobs add constraint jobs_pkey primary key (id);
--- The checks of that time: the job table held running and finished jobs too. (Migration
--- 20261203000010 replaced these three with jobs_queued_check, which `like` copies.)
-alter table {s}.jobs
-  drop constraint jobs_queued_check,
-  add constraint jobs_status_check
-    check (status in ('queued', 'running', 'done', 'failed', 'cancelled')),
-  add constraint jobs_lease_check
-    check ((status = 'running') = (lock_token is not null and locked_until is not null)),
-  add constraint jobs_finished_check
-    check ((status in ('done', 'failed', 'cancelled')) = (finished_at is not null));
 create index jobs_claim_idx on {s}.jobs (queue, priority desc, run_after, id)
   where status = 'queued';
 create index jobs_lease_expiry_idx on {s}.jobs (locked_until) where status = 'running';
@@ -53,8 +43,13 @@ create table {s}.jobs (like pgqueue.jobs including all excluding indexes) with (
   autovacuum_vacuum_cost_delay = 0
 );
 alter table {s}.jobs add constraint jobs_pkey primary key (id);
--- The checks of that time: the job table held running and finished jobs too. (Migration
--- 20261203000010 replaced these three with jobs_queued_check, which `like` copies.)
+create unique index jobs_idempotency_key_idx on {s}.jobs (idempotency_key)
+  where idempotency_key is not null;
+
+-- block: checks_then
+-- The checks of those steps' time (after jobs_before or hot_table): the job table held running
+-- and finished jobs too. (Migration 20261203000010 replaced these three with
+-- jobs_queued_check, which `like` copies.)
 alter table {s}.jobs
   drop constraint jobs_queued_check,
   add constraint jobs_status_check
@@ -63,8 +58,6 @@ alter table {s}.jobs
     check ((status = 'running') = (lock_token is not null and locked_until is not null)),
   add constraint jobs_finished_check
     check ((status in ('done', 'failed', 'cancelled')) = (finished_at is not null));
-create unique index jobs_idempotency_key_idx on {s}.jobs (idempotency_key)
-  where idempotency_key is not null;
 
 -- block: jobs_hot
 -- As migration 20261203000003 left it (steps hot_claims and done_batches): the claim index

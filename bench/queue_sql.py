@@ -148,14 +148,7 @@ def run_senders(dsn: str, statement: str, queue_name: str, jobs: int, processes:
         ctx.Process(target=_send_loop, args=(dsn, statement, queue_name, share, go, out))
         for share in shares
     ]
-    for proc in procs:
-        proc.start()
-    time.sleep(0.3 + 0.1 * processes)  # connected and warmed up
-    started = time.perf_counter()
-    go.set()
-    results = gather_results(out, procs, timeout=600)
-    for proc in procs:
-        proc.join()
+    started, results = run_together(procs, go, out)
     if sum(sent for sent, _ in results) != jobs:
         raise RuntimeError(f"senders made {sum(sent for sent, _ in results)} of {jobs} calls")
     return jobs / (max(at for _, at in results) - started)
@@ -267,19 +260,28 @@ def run_claimers(
     procs = [
         ctx.Process(target=claimer, args=(dsn, f"bench-{i}", go, out)) for i in range(processes)
     ]
-    for proc in procs:
-        proc.start()
-    time.sleep(0.3 + 0.1 * processes)  # connected and warmed up
-    started = time.perf_counter()
-    go.set()
-    results = gather_results(out, procs, timeout=600)
-    for proc in procs:
-        proc.join()
+    started, results = run_together(procs, go, out)
     done = sum(count for count, _, _ in results)
     if done != jobs:
         raise RuntimeError(f"claimers completed {done} of {jobs} jobs")
     elapsed = max(at for _, at, _ in results) - started
     return jobs / elapsed, sum(claiming for _, _, claiming in results) / jobs * 1e6
+
+
+def run_together(
+    procs: list[BaseProcess], go: EventType, out: multiprocessing.Queue
+) -> tuple[float, list]:
+    """Start `procs`, give them the go together once they have connected and warmed up, and
+    wait for what each puts on `out`: when the go was given, and their results."""
+    for proc in procs:
+        proc.start()
+    time.sleep(0.3 + 0.1 * len(procs))  # connected and warmed up
+    started = time.perf_counter()
+    go.set()
+    results = gather_results(out, procs, timeout=600)
+    for proc in procs:
+        proc.join()
+    return started, results
 
 
 def gather_results(out: multiprocessing.Queue, procs: list[BaseProcess], timeout: float) -> list:
