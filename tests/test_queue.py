@@ -561,6 +561,31 @@ def test_enqueue_refuses_a_payload_over_one_mebibyte(db: psycopg.Connection) -> 
     assert db.execute("select count(*) from pgqueue.all_jobs").fetchone() == (1,)
 
 
+# What a worker, an enqueue or a claim calls once per job or per request, and what those call.
+CALLED_PER_JOB_OR_REQUEST = [
+    "enqueue", "enqueue_many", "default_max_attempts", "key_holder", "checked_traceparent",
+    "jobs_wake_workers", "notify_workers", "wake", "claim", "complete_and_claim",
+    "keyed_candidates", "claim_allowance", "take_tokens", "complete", "complete_many",
+    "complete_jobs", "end_attempts", "heartbeat", "heartbeat_many", "is_running", "progress",
+    "fail", "release", "cancel", "job",
+]  # fmt: skip
+
+
+def test_what_is_called_per_job_or_request_keeps_its_plans_for_the_session(
+    db: psycopg.Connection,
+) -> None:
+    """A function with its own settings (each pins search_path) is never inlined; as SQL,
+    PostgreSQL parses and plans its body again on every call from a new statement, such as
+    every Data API request. PL/pgSQL keeps its plans for the session."""
+    rows = db.execute(
+        "select p.proname, l.lanname from pg_proc as p join pg_language as l on l.oid = p.prolang"
+        " where p.pronamespace = 'pgqueue'::regnamespace and p.proname = any (%s)",
+        (CALLED_PER_JOB_OR_REQUEST,),
+    ).fetchall()
+    assert {name for name, _ in rows} == set(CALLED_PER_JOB_OR_REQUEST)
+    assert [name for name, language in rows if language != "plpgsql"] == []
+
+
 def test_configuration_is_seeded_from_the_answers(config: dict) -> None:
     assert {k: v for k, v in config.items() if k != "updated_at"} == {
         "max_attempts": 5,
