@@ -567,7 +567,7 @@ CALLED_PER_JOB_OR_REQUEST = [
     "jobs_wake_workers", "notify_workers", "wake", "claim", "complete_and_claim",
     "keyed_candidates", "claim_allowance", "take_tokens", "complete", "complete_many",
     "complete_jobs", "end_attempts", "heartbeat", "heartbeat_many", "is_running", "progress",
-    "fail", "release", "cancel", "job",
+    "fail", "backoff", "release", "cancel", "job",
 ]  # fmt: skip
 
 
