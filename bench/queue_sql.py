@@ -16,6 +16,8 @@ from multiprocessing.synchronize import Event as EventType
 
 import psycopg
 
+from testkit.stack import notify_listeners
+
 from .stack import SCHEMA, Stack, wait_idle_autovacuum
 
 S = SCHEMA
@@ -113,12 +115,7 @@ def enqueue_one(stack: Stack, jobs: int, processes: int, notify: bool = False) -
     each sends NOTIFY as for workers that LISTEN (config.notify_listeners, on as the postgres
     transport seeds it); without, as the supabase transport and Edge Functions seed it."""
     reset(stack)
-    with stack.cluster.connect(autocommit=True) as conn:
-        (seeded,) = conn.execute(f"select {S}.configure()").fetchone()
-        conn.execute(
-            f"select {S}.configure(%s::jsonb)", (json.dumps({"notify_listeners": notify}),)
-        )
-    try:
+    with notify_listeners(stack.cluster, notify, S):
         rate = run_senders(
             stack.dsn(),
             f"select {S}.enqueue('noop', %(payload)s::jsonb, queue => %(queue)s)",
@@ -126,10 +123,6 @@ def enqueue_one(stack: Stack, jobs: int, processes: int, notify: bool = False) -
             jobs,
             processes,
         )
-    finally:
-        with stack.cluster.connect(autocommit=True) as conn:
-            restore = {"notify_listeners": seeded["notify_listeners"]}
-            conn.execute(f"select {S}.configure(%s::jsonb)", (json.dumps(restore),))
     with stack.cluster.connect(autocommit=True) as conn:
         count = conn.execute(f"select count(*) from {S}.jobs where queue = 'default'").fetchone()
     if count is None or count[0] != jobs:
@@ -149,8 +142,9 @@ def run_senders(dsn: str, statement: str, queue_name: str, jobs: int, processes:
         for share in shares
     ]
     started, results = run_together(procs, go, out)
-    if sum(sent for sent, _ in results) != jobs:
-        raise RuntimeError(f"senders made {sum(sent for sent, _ in results)} of {jobs} calls")
+    sent = sum(count for count, _ in results)
+    if sent != jobs:
+        raise RuntimeError(f"senders made {sent} of {jobs} calls")
     return jobs / (max(at for _, at in results) - started)
 
 

@@ -22,15 +22,14 @@ def peer_figure(peer: str, scenario: str, figure: str) -> tuple[str, str] | None
     """(scenario, figure) of `peer` that `figure` of our `scenario` is compared with, if any.
     pgmq has a scenario per process count: a drain is compared with pgmq's read + delete at
     the same number of processes, enqueue_many with send_batch, enqueue_one with send."""
+    if scenario.startswith("enqueue_one_"):
+        # only pgmq has a single-job enqueue figure, at the same number of connections
+        return (f"pgmq_send_{scenario.rsplit('_', 1)[1]}", figure) if peer == "pgmq" else None
     kind = "enqueue_jobs_per_s" if scenario == "enqueue_many" else figure
-    if scenario.startswith("enqueue_one_") and peer != "pgmq":
-        return None  # the other peers have no single-job enqueue figure
     if peer != "pgmq":
         return (peer, COMPARE_WITH[kind]) if kind in COMPARE_WITH else None
     if kind == "enqueue_jobs_per_s":
         return ("pgmq_send_batch", "jobs_per_s")
-    if scenario.startswith("enqueue_one_"):
-        return (f"pgmq_send_{scenario.rsplit('_', 1)[1]}", figure)
     for processes in ("1proc", "4proc"):
         if figure == "jobs_per_s" and scenario.endswith(f"_{processes}"):
             return (f"pgmq_read_delete_{processes}", "jobs_per_s")

@@ -9,9 +9,12 @@ roles and schemas.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from .cluster import Cluster
 
@@ -33,6 +36,22 @@ def start_supabase_like_cluster(*, pg_net: bool = True, **settings: str) -> Clus
             )
         )
     return cluster
+
+
+@contextmanager
+def notify_listeners(cluster: Cluster, on: bool, schema: str = "pgqueue") -> Iterator[None]:
+    """Inside the block, enqueues send NOTIFY (config.notify_listeners) as `on` says, as a
+    project whose workers LISTEN (the postgres transport) or do not is seeded; after it, the
+    setting is put back as it was."""
+    with cluster.connect(autocommit=True) as conn:
+        (config,) = conn.execute(f"select {schema}.configure()").fetchone()
+        conn.execute(f"select {schema}.configure(%s)", (Jsonb({"notify_listeners": on}),))
+    try:
+        yield
+    finally:
+        with cluster.connect(autocommit=True) as conn:
+            restore = {"notify_listeners": config["notify_listeners"]}
+            conn.execute(f"select {schema}.configure(%s)", (Jsonb(restore),))
 
 
 def point_wake_ups(conn: psycopg.Connection, url: str | None, key: str | None) -> None:

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from psycopg.types.json import Jsonb
 
 from testkit.cluster import Cluster
 from testkit.project import PYTHON_VARIANTS, Variant
+from testkit.stack import notify_listeners
 from tests.support.workers import Installed, Workers
 
 
@@ -23,14 +23,8 @@ def installed(
     under test, the database sends NOTIFY as the variant's own project would have it seeded
     (config.notify_listeners: on for the postgres transport, whose workers LISTEN)."""
     variant: Variant = request.param
-    with stack.connect(autocommit=True) as db:
-        (seeded,) = db.execute("select pgqueue.configure()").fetchone()
-        listens = {"notify_listeners": variant.claim_transport == "postgres"}
-        db.execute("select pgqueue.configure(%s)", (Jsonb(listens),))
-    yield installs[variant].result()
-    with stack.connect(autocommit=True) as db:
-        restore = {"notify_listeners": seeded["notify_listeners"]}
-        db.execute("select pgqueue.configure(%s)", (Jsonb(restore),))
+    with notify_listeners(stack, variant.claim_transport == "postgres"):
+        yield installs[variant].result()
 
 
 @pytest.fixture
