@@ -402,3 +402,98 @@ def test_no_statement_of_a_keyed_claim_scans_the_job_table(db: psycopg.Connectio
         db.execute("truncate pgqueue.concurrency_limits, pgqueue.running_keys")
     assert "jobs_concurrency_idx" in nested and "jobs_claim_idx" in nested, nested
     assert "Seq Scan on jobs" not in nested, nested
+
+
+# -- The claim front: a session's claim reads on from where its last claim ended ---------------
+
+
+def claim_index_pages(conn: psycopg.Connection) -> int:
+    """Pages of jobs_claim_idx that `conn`'s open transaction has read so far."""
+    return conn.execute(
+        "select pg_stat_get_xact_blocks_fetched('pgqueue.jobs_claim_idx'::regclass)"
+    ).fetchone()[0]
+
+
+def test_a_claim_reads_on_from_the_session_s_last_claim_not_past_the_dead_entries(
+    db: psycopg.Connection, stack: Cluster
+) -> None:
+    """Each claimed job leaves a dead entry at the head of the claim index until VACUUM. A
+    session's first claim walks them; its next one starts where the last ended."""
+    ids = enqueue_n(db, 12_000)
+    batch: list[dict] = []
+    for _ in range(100):  # 10,000 jobs claimed, their index entries dead
+        batch = complete_and_claim(db, batch, max_jobs=100)
+    with stack.connect() as conn, conn.transaction():  # one transaction: one now()
+        start = claim_index_pages(conn)
+        first = complete_and_claim(conn, max_jobs=100)
+        walked = claim_index_pages(conn) - start
+        second = complete_and_claim(conn, max_jobs=100)
+        read_on = claim_index_pages(conn) - start - walked
+    assert sorted(j["id"] for j in first + second) == ids[10_000:10_200], "in claim order"
+    assert walked >= 30, "a first claim reads from the head of the queue"
+    assert read_on <= 8, f"the next one read {read_on} pages, not from its front"
+
+
+def test_higher_priorities_keep_their_precedence_over_the_front(db: psycopg.Connection) -> None:
+    ids = enqueue_n(db, 300)
+    with db.transaction():
+        assert sorted(j["id"] for j in complete_and_claim(db, max_jobs=100)) == ids[:100]
+        urgent = db.execute("select pgqueue.enqueue('k', priority => 5)").fetchone()[0]
+        later = complete_and_claim(db, max_jobs=100)
+    # (a claim returns its jobs in no particular order; claim order decides which it takes)
+    assert sorted(j["id"] for j in later) == sorted([urgent, *ids[100:199]])
+    # and after them, the lower priorities the front's own left over
+    low = db.execute("select pgqueue.enqueue('k', priority => -1)").fetchone()[0]
+    rest = complete_and_claim(db, max_jobs=300)
+    assert sorted(j["id"] for j in rest) == [*ids[199:], low]
+
+
+def test_a_job_placed_behind_the_front_waits_for_the_next_claim_from_the_head(
+    db: psycopg.Connection,
+) -> None:
+    """A job due earlier than the last one claimed (a run_after in the past, an enqueue whose
+    transaction started before and committed after the claim) is taken by the next claim that
+    reads from the head of the queue: one that would not fill its batch from the front, or the
+    first after 100 ms."""
+    ids = enqueue_n(db, 1_000)
+    with db.transaction():
+        assert sorted(j["id"] for j in complete_and_claim(db, max_jobs=100)) == ids[:100]
+        behind = db.execute(
+            "select pgqueue.enqueue('k', run_after => now() - interval '1 hour')"
+        ).fetchone()[0]
+        taken = complete_and_claim(db, max_jobs=100)
+        assert sorted(j["id"] for j in taken) == ids[100:200], "not yet: behind the front"
+    time.sleep(0.15)
+    assert sorted(j["id"] for j in complete_and_claim(db, max_jobs=100)) == [*ids[200:299], behind]
+    with db.transaction():
+        late = db.execute(
+            "select pgqueue.enqueue('k', run_after => now() - interval '1 hour')"
+        ).fetchone()[0]
+        rest = complete_and_claim(db, max_jobs=1_000)
+    assert sorted(j["id"] for j in rest) == [*ids[299:], late], "a claim the front cannot fill"
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "rubbish",
+        "1 2 3 4",
+        "1 99999999999 3 4 * default",  # numbers too large to cast
+        # a front that would skip every job: for other kinds, another queue, or stale
+        "{now} 0 {far} 999999999999 {{other}} default",
+        "{now} 0 {far} 999999999999 * elsewhere",
+        "{old} 0 {far} 999999999999 * default",
+    ],
+)
+def test_a_front_that_is_malformed_or_not_this_claim_s_is_ignored(
+    db: psycopg.Connection, setting: str
+) -> None:
+    ids = enqueue_n(db, 5)
+    now_us = db.execute("select (extract(epoch from now()) * 1e6)::bigint").fetchone()[0]
+    far = now_us + 3_600 * 10**6
+    with db.transaction():
+        db.execute(
+            "select set_config('pgqueue.claim_front', %s, false)",
+            (setting.format(now=now_us, old=now_us - 10**6, far=far),),
+        )
+        assert sorted(j["id"] for j in complete_and_claim(db, max_jobs=10)) == ids

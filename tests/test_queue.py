@@ -565,9 +565,9 @@ def test_enqueue_refuses_a_payload_over_one_mebibyte(db: psycopg.Connection) -> 
 CALLED_PER_JOB_OR_REQUEST = [
     "enqueue", "enqueue_many", "default_max_attempts", "key_holder", "checked_traceparent",
     "jobs_wake_workers", "notify_workers", "wake", "claim", "complete_and_claim",
-    "keyed_candidates", "claim_allowance", "take_tokens", "complete", "complete_many",
-    "complete_jobs", "end_attempts", "heartbeat", "heartbeat_many", "is_running", "progress",
-    "fail", "backoff", "release", "cancel", "job",
+    "runnable_jobs", "keyed_candidates", "claim_allowance", "take_tokens", "complete",
+    "complete_many", "complete_jobs", "end_attempts", "heartbeat", "heartbeat_many",
+    "is_running", "progress", "fail", "backoff", "release", "cancel", "job",
 ]  # fmt: skip
 
 
