@@ -497,3 +497,14 @@ def test_a_front_that_is_malformed_or_not_this_claim_s_is_ignored(
             (setting.format(now=now_us, old=now_us - 10**6, far=far),),
         )
         assert sorted(j["id"] for j in complete_and_claim(db, max_jobs=10)) == ids
+
+
+def test_a_finished_batch_keeps_its_ids_compressed_with_lz4(db: psycopg.Connection) -> None:
+    """A done batch of 100 is past the size at which its largest value, the ids, is compressed:
+    with lz4, cheaper than the default pglz on every completion."""
+    ids = enqueue_n(db, 100)
+    batch = complete_and_claim(db, max_jobs=100)
+    complete_and_claim(db, batch, max_jobs=0)
+    assert db.execute(
+        "select ids, pg_column_compression(ids) from pgqueue.done_batches"
+    ).fetchall() == [(ids, "lz4")]
