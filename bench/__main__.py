@@ -170,6 +170,9 @@ def scenarios(sizes: Sizes) -> dict[str, Callable[[Stack], Figures]]:
             s, sizes.churn_jobs, sizes.churn_segment, sizes.churn_backlog
         ),
         # what-if: the same, with a VACUUM of the job table every second
+        "pgmq_churn": lambda s: queue_sql.churn(
+            s, sizes.churn_jobs, sizes.churn_segment, sizes.churn_backlog, queue=peers.PGMQ_CHURN
+        ),
         "churn_vacuumed": lambda s: queue_sql.churn(
             s, sizes.churn_jobs, sizes.churn_segment, sizes.churn_backlog, vacuum_every=1.0
         ),

@@ -23,7 +23,16 @@ from multiprocessing.synchronize import Event as EventType
 
 import psycopg
 
-from .queue_sql import CLAIM_BATCH, ENQUEUE_BATCH, SINGLE_WARM_UP, run_claimers, run_senders
+from .queue_sql import (
+    CLAIM_BATCH,
+    ENQUEUE_BATCH,
+    SINGLE_WARM_UP,
+    ChurnQueue,
+    ChurnStep,
+    run_claimers,
+    run_senders,
+    table_stats,
+)
 from .stack import Stack, wait_idle_autovacuum
 
 PGQUEUER_DEQUEUERS = 5
@@ -218,3 +227,47 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+# -- pgmq under the churn scenario: topped up by send_batch(), drained by read + delete ------
+
+
+def _pgmq_send(conn: psycopg.Connection, payloads: list[dict]) -> None:
+    conn.execute(
+        "select count(*) from pgmq.send_batch(%s, %s::jsonb[])",
+        (PGMQ_QUEUE, [json.dumps(payload) for payload in payloads]),
+        prepare=True,
+    )
+
+
+def _pgmq_claimer(conn: psycopg.Connection) -> ChurnStep:
+    """read(q, 30, 100), then delete the ids read, as _pgmq_loop does."""
+    read = "select msg_id from pgmq.read(%s, %s, %s)"
+    delete = "select count(*) from pgmq.delete(%s, %s::bigint[])"
+    conn.execute(read, (PGMQ_WARM_UP, PGMQ_VT, CLAIM_BATCH), prepare=True).fetchall()
+    conn.execute(delete, (PGMQ_WARM_UP, []), prepare=True)
+
+    def step(conn: psycopg.Connection) -> int:
+        rows = conn.execute(read, (PGMQ_QUEUE, PGMQ_VT, CLAIM_BATCH), prepare=True).fetchall()
+        if rows:
+            conn.execute(delete, (PGMQ_QUEUE, [msg_id for (msg_id,) in rows]), prepare=True)
+        return len(rows)
+
+    return step
+
+
+def _pgmq_all_deleted(stack: Stack, jobs: int) -> None:
+    with stack.cluster.connect("pgmq") as conn:
+        left = conn.execute(f"select count(*) from pgmq.q_{PGMQ_QUEUE}").fetchone()[0]
+    if left:
+        raise RuntimeError(f"pgmq churn: {left} of {jobs} messages left")
+
+
+PGMQ_CHURN = ChurnQueue(
+    "pgmq",
+    pgmq_reset,
+    _pgmq_send,
+    _pgmq_claimer,
+    _pgmq_all_deleted,
+    functools.partial(table_stats, table=f"pgmq.q_{PGMQ_QUEUE}", dbname="pgmq"),
+)

@@ -10,6 +10,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from multiprocessing.sharedctypes import Synchronized
 from multiprocessing.synchronize import Event as EventType
@@ -298,14 +299,62 @@ def gather_results(out: multiprocessing.Queue, procs: list[BaseProcess], timeout
 
 CHURN_CLAIMERS = 2
 
+# One claimer's step in the churn scenario: claims a batch on the connection (finishing the
+# batch it claimed before, as that queue's own loop does) and says how many jobs it claimed.
+ChurnStep = Callable[[psycopg.Connection], int]
+
+
+@dataclass(frozen=True)
+class ChurnQueue:
+    """What churn() drives: a queue's database, how it resets it with `backlog` jobs queued,
+    sends a batch of payloads, makes a claimer's step (warmed up on the connection), and
+    checks afterwards that every job was finished, and its job table's autovacuums, dead rows
+    and size (bytes, indexes included)."""
+
+    dbname: str
+    reset: Callable[[Stack, int], None]
+    send: Callable[[psycopg.Connection, list[dict]], None]
+    claimer: Callable[[psycopg.Connection], ChurnStep]
+    check: Callable[[Stack, int], None]
+    table: Callable[[Stack], tuple[int, int, int]]
+
+
+def _send_ours(conn: psycopg.Connection, payloads: list[dict]) -> None:
+    batch = [{"kind": "noop", "payload": payload} for payload in payloads]
+    conn.execute(
+        f"select count(*) from {S}.enqueue_many(%s::jsonb)", (json.dumps(batch),), prepare=True
+    )
+
+
+def _claimer_ours(conn: psycopg.Connection) -> ChurnStep:
+    """complete_and_claim(100), each call completing the batch the previous one claimed."""
+    name = f"churn-{conn.info.backend_pid}"
+    conn.execute(HOT_PATH, (name, [], [], CLAIM_BATCH, "warm-up"), prepare=True).fetchall()
+    last: list[tuple[int, object]] = []
+
+    def step(conn: psycopg.Connection) -> int:
+        nonlocal last
+        ids, tokens = [job_id for job_id, _ in last], [token for _, token in last]
+        last = conn.execute(
+            HOT_PATH, (name, ids, tokens, CLAIM_BATCH, "default"), prepare=True
+        ).fetchall()
+        return len(last)
+
+    return step
+
 
 def _churn_enqueuer(
-    dsn: str, jobs: int, backlog: int, go: EventType, enqueued: EventType, claimed: Synchronized
+    dsn: str,
+    queue: ChurnQueue,
+    jobs: int,
+    backlog: int,
+    go: EventType,
+    enqueued: EventType,
+    claimed: Synchronized,
 ) -> None:
-    """enqueue_many() in batches of ENQUEUE_BATCH whenever fewer than `backlog` jobs are queued,
-    until `jobs` (those queued before the go included) have been enqueued."""
+    """Batches of ENQUEUE_BATCH whenever fewer than `backlog` jobs are queued, until `jobs`
+    (those queued before the go included) have been enqueued."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        enqueue = f"select count(*) from {S}.enqueue_many(%s::jsonb)"
         go.wait()
         sent = backlog  # queued before the go
         try:
@@ -314,8 +363,7 @@ def _churn_enqueuer(
                     time.sleep(0.001)
                     continue
                 size = min(ENQUEUE_BATCH, jobs - sent)
-                batch = [{"kind": "noop", "payload": {"n": n}} for n in range(sent, sent + size)]
-                conn.execute(enqueue, (json.dumps(batch),), prepare=True)
+                queue.send(conn, [{"n": n} for n in range(sent, sent + size)])
                 sent += size
         finally:
             enqueued.set()  # (if it failed too: the claimers stop, the check below fails)
@@ -323,30 +371,25 @@ def _churn_enqueuer(
 
 def _churn_claimer(
     dsn: str,
-    name: str,
+    queue: ChurnQueue,
     go: EventType,
     enqueued: EventType,
     claimed: Synchronized,
     out: multiprocessing.Queue,
 ) -> None:
-    """_hot_loop, waiting for more jobs while the enqueuer is at work; puts (when, jobs) of
-    each claim on `out`."""
+    """The queue's claimer step in a loop, waiting for more jobs while the enqueuer is at
+    work; puts (when, jobs) of each claim on `out`."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(HOT_PATH, (name, [], [], CLAIM_BATCH, "warm-up"), prepare=True).fetchall()
+        step = queue.claimer(conn)
         go.wait()
         claims: list[tuple[float, int]] = []
-        ids: list[int] = []
-        tokens: list[object] = []
         while True:
             last = enqueued.is_set()  # before the call: then an empty answer means drained
-            rows = conn.execute(
-                HOT_PATH, (name, ids, tokens, CLAIM_BATCH, "default"), prepare=True
-            ).fetchall()
-            ids, tokens = [job_id for job_id, _ in rows], [token for _, token in rows]
-            if rows:
-                claims.append((time.perf_counter(), len(rows)))
+            count = step(conn)
+            if count:
+                claims.append((time.perf_counter(), count))
                 with claimed.get_lock():
-                    claimed.value += len(rows)
+                    claimed.value += count
             elif last:
                 break
             else:
@@ -363,26 +406,34 @@ def _churn_vacuumer(dsn: str, every: float, stop: EventType, vacuums: Synchroniz
 
 
 def churn(
-    stack: Stack, jobs: int, segment: int, backlog: int, vacuum_every: float | None = None
+    stack: Stack,
+    jobs: int,
+    segment: int,
+    backlog: int,
+    vacuum_every: float | None = None,
+    queue: ChurnQueue | None = None,
 ) -> dict[str, float]:
     """`jobs` jobs through the table as in production: one process enqueues in batches,
     topping the queue up to about `backlog` jobs, while CHURN_CLAIMERS processes drain with
-    complete_and_claim(100). No vacuum but autovacuum's, at its defaults and the table's
-    own settings, unless `vacuum_every` (seconds) is given: then a side process also runs
-    VACUUM on the job table that often (a what-if: nothing in the queue does that). The claim
-    rate of each `segment` jobs in turn, and the last's over the first's: does the table slow
-    down as dead rows pile up?"""
-    reset(stack, queued=backlog)
+    complete_and_claim(100) (or `queue`'s claims: pgmq's read + delete). No vacuum but
+    autovacuum's, at its defaults and the table's own settings, unless `vacuum_every`
+    (seconds) is given: then a side process also runs VACUUM on our job table that often (a
+    what-if: nothing in the queue does that). The claim rate of each `segment` jobs in turn,
+    and the last's over the first's: does the table slow down as dead rows pile up?"""
+    queue = queue or OURS
+    queue.reset(stack, backlog)
     ctx = multiprocessing.get_context("fork")
     go, enqueued, out = ctx.Event(), ctx.Event(), ctx.Queue()
     drained, vacuums = ctx.Event(), ctx.Value("q", 0)
     claimed = ctx.Value("q", 0)
-    dsn = stack.dsn()
+    dsn = stack.dsn(queue.dbname)
     procs = [
-        ctx.Process(target=_churn_enqueuer, args=(dsn, jobs, backlog, go, enqueued, claimed)),
+        ctx.Process(
+            target=_churn_enqueuer, args=(dsn, queue, jobs, backlog, go, enqueued, claimed)
+        ),
         *(
-            ctx.Process(target=_churn_claimer, args=(dsn, f"churn-{i}", go, enqueued, claimed, out))
-            for i in range(CHURN_CLAIMERS)
+            ctx.Process(target=_churn_claimer, args=(dsn, queue, go, enqueued, claimed, out))
+            for _ in range(CHURN_CLAIMERS)
         ),
     ]
     vacuumer = (
@@ -390,7 +441,7 @@ def churn(
         if vacuum_every
         else None
     )
-    autovacuums_before = _jobs_table(stack)[0]
+    autovacuums_before = queue.table(stack)[0]
     for proc in procs:
         proc.start()
     time.sleep(0.5)  # connected and warmed up
@@ -408,7 +459,7 @@ def churn(
             vacuumer.join()
     for proc in procs:
         proc.join()
-    _check_all_done(stack, jobs)
+    queue.check(stack, jobs)
     # when the claims reached each multiple of `segment`
     ends, total = [], 0
     for at, count in claims:
@@ -419,7 +470,7 @@ def churn(
     figures = {f"segment_{n:02d}_jobs_per_s": rate for n, rate in enumerate(rates, 1)}
     figures["overall_jobs_per_s"] = jobs / (claims[-1][0] - started)
     figures["last_vs_first"] = rates[-1] / rates[0]
-    autovacuums, dead_rows, size = _jobs_table(stack)
+    autovacuums, dead_rows, size = queue.table(stack)
     figures["autovacuums"] = autovacuums - autovacuums_before
     if vacuumer is not None:
         figures["vacuums"] = vacuums.value
@@ -428,15 +479,20 @@ def churn(
     return figures
 
 
-def _jobs_table(stack: Stack) -> tuple[int, int, int]:
-    """The jobs table's autovacuum runs so far, its dead rows, and its size with its indexes
-    (bytes)."""
-    with stack.cluster.connect() as conn:
+def table_stats(
+    stack: Stack, table: str = f"{S}.jobs", dbname: str = "postgres"
+) -> tuple[int, int, int]:
+    """A table's autovacuum runs so far, its dead rows, and its size with its indexes (bytes):
+    our job table unless told otherwise."""
+    with stack.cluster.connect(dbname) as conn:
         return conn.execute(
             "select autovacuum_count, n_dead_tup, pg_total_relation_size(relid) "
             "from pg_stat_user_tables where relid = %s::regclass",
-            (f"{S}.jobs",),
+            (table,),
         ).fetchone()
+
+
+OURS = ChurnQueue("postgres", reset, _send_ours, _claimer_ours, _check_all_done, table_stats)
 
 
 def finished_rows(stack: Stack, jobs: int, finished: int, repeats: int) -> dict[str, list[float]]:

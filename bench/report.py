@@ -21,7 +21,10 @@ def is_peer(scenario: str) -> bool:
 def peer_figure(peer: str, scenario: str, figure: str) -> tuple[str, str] | None:
     """(scenario, figure) of `peer` that `figure` of our `scenario` is compared with, if any.
     pgmq has a scenario per process count: a drain is compared with pgmq's read + delete at
-    the same number of processes, enqueue_many with send_batch, enqueue_one with send."""
+    the same number of processes, enqueue_many with send_batch, enqueue_one with send, churn
+    with pgmq under the same churn (each figure with its own)."""
+    if scenario == "churn":
+        return ("pgmq_churn", figure) if peer == "pgmq" else None
     if scenario.startswith("enqueue_one_"):
         # only pgmq has a single-job enqueue figure, at the same number of connections
         return (f"pgmq_send_{scenario.rsplit('_', 1)[1]}", figure) if peer == "pgmq" else None

@@ -23,6 +23,12 @@ SCENARIOS = {
         "overall_jobs_per_s",
         "last_vs_first",
     },
+    # pgmq under the same churn (the run fails if a message is left in its queue)
+    "pgmq_churn": {
+        *(f"segment_{n:02d}_jobs_per_s" for n in range(1, 7)),
+        "overall_jobs_per_s",
+        "last_vs_first",
+    },
     # the same with a VACUUM every second (a what-if; it may not come round on the smoke run)
     "churn_vacuumed": {
         *(f"segment_{n:02d}_jobs_per_s" for n in range(1, 7)),
