@@ -508,3 +508,17 @@ def test_a_finished_batch_keeps_its_ids_compressed_with_lz4(db: psycopg.Connecti
     assert db.execute(
         "select ids, pg_column_compression(ids) from pgqueue.done_batches"
     ).fetchall() == [(ids, "lz4")]
+
+
+def test_queued_jobs_fill_the_table_s_pages(db: psycopg.Connection) -> None:
+    """Since a claim deletes its jobs instead of updating them, nothing needs room beside a job
+    on its page: jobs enqueued fill their pages, not half of each as the hot-path migration's
+    fillfactor left them."""
+    enqueue_n(db, 2000)
+    pages, row_bytes = db.execute(
+        "select count(distinct (ctid::text::point)[0]), sum(pg_column_size(j.*) + 4)"
+        " from pgqueue.jobs as j"
+    ).fetchone()
+    # Each row also takes its alignment padding, and each page its header: over 80% of the
+    # pages' bytes are rows, where half-empty pages would hold at most 50%.
+    assert row_bytes / (pages * 8192) > 0.8
