@@ -111,7 +111,7 @@ def _instructions(jobs: int) -> int:
 
 class InMemoryQueue:
     """The calls a draining worker makes, answered at once. Claims return rows shaped as
-    the postgres transport gets them (tuples, the payload as JSON text, the lock token a UUID)
+    the postgres transport gets them (tuples, the payload and the lock token as text)
     and make them jobs as it does; each call yields to the event loop once, as a round trip
     would."""
 
@@ -141,7 +141,7 @@ class InMemoryQueue:
         self.completed += len(done)
         count = min(max_jobs, self._left)
         self._left -= count
-        token = uuid.uuid4()  # one a claim
+        token = str(uuid.uuid4())  # one a claim, as text as the transports read it
         rows = [
             (job_id, "noop", f'{{"n": {job_id}}}', 1, 5, token)
             for job_id in range(self._next_id, self._next_id + count)

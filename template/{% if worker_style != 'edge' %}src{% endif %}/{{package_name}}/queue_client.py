@@ -12,7 +12,6 @@ import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, NewType, Protocol, get_args
-from uuid import UUID
 
 from pydantic import BaseModel
 from pydantic_core import from_json
@@ -55,7 +54,8 @@ class Job:
     payload: Any
     attempts: int
     max_attempts: int
-    lock_token: UUID
+    # Its claim's lock token, as text: sent back as it came, it is never parsed in Python.
+    lock_token: str
     # Set (and payload None) when the transport could not decode the payload, e.g. JSON
     # nested deeper than Python's json module goes: the worker fails the job with it.
     payload_error: str | None = None
@@ -82,13 +82,13 @@ class Job:
         text: str,
         attempts: int,
         max_attempts: int,
-        token: UUID | str,
+        token: str,
     ) -> Job:
         """A row of complete_and_claim(), which names no queue (its jobs are of the `queue`
         it was asked for), whose payload came as JSON text (`payload::text`): the payload is
         decoded here, job by job, so one payload Python cannot decode fails its own job
-        instead of the claim of the whole batch. The lock token comes as a UUID from psycopg
-        and as text from the Data API."""
+        instead of the claim of the whole batch. The lock token comes as text from both
+        transports (the postgres transport selects `lock_token::text`)."""
         try:
             # pydantic's JSON reader, in Rust: several times faster than the json module
             payload, error = from_json(text), None
@@ -105,7 +105,7 @@ class Job:
             payload,
             attempts,
             max_attempts,
-            token if isinstance(token, UUID) else UUID(token),
+            token,
             error,
         )
 
