@@ -160,11 +160,10 @@ def pgmq_send_batch(stack: Stack, jobs: int) -> dict[str, float]:
         json.dumps([{"n": n} for n in range(first, min(first + ENQUEUE_BATCH, jobs))])
         for first in range(0, jobs, ENQUEUE_BATCH)
     ]
-    send = PGMQ_SEND_BATCH
     with stack.cluster.connect("pgmq", autocommit=True) as conn:
         started = time.perf_counter()
         for batch in batches:
-            conn.execute(send, (PGMQ_QUEUE, batch), prepare=True)
+            conn.execute(PGMQ_SEND_BATCH, (PGMQ_QUEUE, batch), prepare=True)
         elapsed = time.perf_counter() - started
         count = conn.execute(f"select count(*) from pgmq.q_{PGMQ_QUEUE}").fetchone()[0]
     if count != jobs:
