@@ -159,6 +159,9 @@ def scenarios(sizes: Sizes) -> dict[str, Callable[[Stack], Figures]]:
         "sql_claim_4proc": lambda s: queue_sql.claim_loop(s, sizes.jobs, processes=4),
         "sql_hot_1proc": lambda s: queue_sql.hot_loop(s, sizes.jobs, processes=1),
         "sql_hot_4proc": lambda s: queue_sql.hot_loop(s, sizes.jobs, processes=4),
+        # the same with the jobs stored a row each (enqueued one at a time, or with a priority)
+        "sql_hot_rows_1proc": lambda s: queue_sql.hot_loop(s, sizes.jobs, 1, as_rows=True),
+        "sql_hot_rows_4proc": lambda s: queue_sql.hot_loop(s, sizes.jobs, 4, as_rows=True),
         **{
             f"pgmq_read_{finish}_{processes}proc": lambda s, f=finish, p=processes: (
                 peers.pgmq_drain(s, sizes.jobs, p, f)

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from .queue_sql import percentile, reset
+from .queue_sql import percentile, queued_jobs, reset
 from .stack import REPO, SCHEMA, Stack, pip_install_editable
 
 T = TypeVar("T")
@@ -173,14 +173,7 @@ def drain(
     signal to the last process's last completion, and the worker processes' CPU time per job
     (user + system, their own: a figure the load of the machine barely moves). With `profile`,
     the (single) worker runs under pyinstrument, which writes its report there."""
-    reset(stack)
-    with stack.cluster.connect(autocommit=True) as conn:
-        conn.execute(
-            f"insert into {SCHEMA}.jobs (kind, payload) "
-            "select 'noop', jsonb_build_object('n', n) from generate_series(1, %s) as n",
-            (jobs,),
-        )
-        conn.execute(f"vacuum analyze {SCHEMA}.jobs")
+    reset(stack, queued=jobs)  # (as enqueue_many() stores them)
     workers = [_spawn(transport, "drain", env, profile) for _ in range(processes)]
     try:
         for proc in workers:
@@ -198,8 +191,7 @@ def drain(
                 raise RuntimeError(f"a {transport.name} worker exited {proc.returncode}")
     done = sum(r["done"] for r in results)
     with stack.cluster.connect() as conn:
-        left = conn.execute(f"select count(*) from {SCHEMA}.jobs where status <> 'done'")
-        left = left.fetchone()[0]
+        left = queued_jobs(conn)
     if done != jobs or left:
         raise RuntimeError(f"{transport.name} workers completed {done} of {jobs}; {left} left")
     return {

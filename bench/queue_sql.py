@@ -36,6 +36,7 @@ def percentile(values: list[float], p: float) -> float:
 # tables), and the flow control (paused and rate-limited queues, concurrency limits, the
 # running jobs they count).
 STATE_TABLES = (
+    "job_batches",
     "jobs",
     "job_history",
     "done_batches",
@@ -56,21 +57,37 @@ def state_tables(conn: psycopg.Connection) -> list[str]:
     ]
 
 
-def reset(stack: Stack, queued: int = 0) -> None:
+def reset(stack: Stack, queued: int = 0, as_rows: bool = False) -> None:
     """Empty, vacuumed state tables (jobs, history, flow control, where the migrations have
-    them), then `queued` runnable no-op jobs (inserted in one statement: setting up is not
-    what is measured)."""
+    them), then `queued` runnable no-op jobs, enqueued in one statement (setting up is not what
+    is measured): by enqueue_many() calls of ENQUEUE_BATCH, as pgmq's drains get theirs from
+    send_batch(), so stored as batches where the migrations have them; with `as_rows`, a row
+    of the job table each, as jobs enqueued one at a time or with a priority are."""
     with stack.cluster.connect(autocommit=True) as conn:
         tables = state_tables(conn)
         conn.execute(f"truncate {', '.join(tables)}")
-        if queued:
+        if queued and as_rows:
             conn.execute(
                 f"insert into {S}.jobs (kind, payload) "
                 f"select 'noop', jsonb_build_object('n', n) from generate_series(1, %s) as n",
                 (queued,),
             )
+        elif queued:
+            conn.execute(
+                f"select count(*) from generate_series(1, %(n)s, {ENQUEUE_BATCH}) as f, "
+                f"lateral {S}.enqueue_many(("
+                "select jsonb_agg(jsonb_build_object('kind', 'noop', 'payload',"
+                " jsonb_build_object('n', n)) order by n)"
+                f" from generate_series(f, least(f + {ENQUEUE_BATCH} - 1, %(n)s)) as n))",
+                {"n": queued},
+            )
         conn.execute(f"vacuum analyze {', '.join(tables)}")
     wait_idle_autovacuum(stack)
+
+
+def queued_jobs(conn: psycopg.Connection, where: str = "true") -> int:
+    """Live jobs, queued or running, wherever they are stored."""
+    return conn.execute(f"select count(*) from {S}.live_jobs where {where}").fetchone()[0]
 
 
 def commit_latency(stack: Stack, samples: int) -> dict[str, float]:
@@ -101,7 +118,7 @@ def enqueue_many(stack: Stack, jobs: int) -> dict[str, float]:
                 f"select count(*) from {S}.enqueue_many(%s::jsonb)", (batch,), prepare=True
             )
         elapsed = time.perf_counter() - started
-        count = conn.execute(f"select count(*) from {S}.jobs").fetchone()[0]
+        count = queued_jobs(conn)
     if count != jobs:
         raise RuntimeError(f"enqueue_many stored {count} of {jobs} jobs")
     return {"jobs_per_s": jobs / elapsed}
@@ -245,10 +262,11 @@ def _hot_loop(dsn: str, name: str, go: EventType, out: multiprocessing.Queue) ->
         out.put((done, time.perf_counter(), calling))
 
 
-def hot_loop(stack: Stack, jobs: int, processes: int) -> dict[str, float]:
+def hot_loop(stack: Stack, jobs: int, processes: int, as_rows: bool = False) -> dict[str, float]:
     """`processes` processes, each looping complete_and_claim(100) until the queue is empty:
-    the hot path's jobs/s, one round trip and one commit per batch."""
-    reset(stack, queued=jobs)
+    the hot path's jobs/s, one round trip and one commit per batch. The jobs are enqueued as
+    enqueue_many() stores them, or with `as_rows` a row each (see reset())."""
+    reset(stack, queued=jobs, as_rows=as_rows)
     rate = run_claimers(stack.dsn(), jobs, processes, _hot_loop)[0]
     _check_all_done(stack, jobs)
     return {"jobs_per_s": rate}
@@ -257,7 +275,7 @@ def hot_loop(stack: Stack, jobs: int, processes: int) -> dict[str, float]:
 def _check_all_done(stack: Stack, jobs: int) -> None:
     """The hot path reports no completions back: check that every job is kept as done."""
     with stack.cluster.connect() as conn:
-        left = conn.execute(f"select count(*) from {S}.jobs").fetchone()[0]
+        left = queued_jobs(conn)
         done = conn.execute(
             f"select count(*) from {S}.all_jobs where status = 'done' and queue = 'default'"
         ).fetchone()[0]

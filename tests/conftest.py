@@ -73,8 +73,8 @@ def db(stack: Cluster, project: Path) -> Iterator[psycopg.Connection]:
     pg_net's requests and responses and Vault's secrets with it."""
     with stack.connect(autocommit=True) as conn:
         conn.execute(
-            "truncate pgqueue.jobs, pgqueue.job_history, pgqueue.done_batches, pgqueue.claims,"
-            " pgqueue.claimed_keys restart identity;"
+            "truncate pgqueue.jobs, pgqueue.job_batches, pgqueue.job_history, pgqueue.done_batches,"
+            " pgqueue.claims, pgqueue.claimed_keys restart identity;"
             "truncate net.http_request_queue, net._http_response, vault.secrets;"
         )
         yield conn

@@ -17,6 +17,7 @@ SCENARIOS = {
     "sql_claim_4proc": {"jobs_per_s"},
     "sql_hot_1proc": {"jobs_per_s"},
     "sql_hot_4proc": {"jobs_per_s"},
+    "sql_hot_rows_4proc": {"jobs_per_s"},
     # 3,000 jobs in segments of 500 on the smoke run
     "churn": {
         *(f"segment_{n:02d}_jobs_per_s" for n in range(1, 7)),

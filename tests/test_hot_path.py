@@ -15,7 +15,7 @@ from psycopg.rows import dict_row
 from testkit.cluster import Cluster
 from tests.support.jobs import job
 from tests.support.plans import plans_logged
-from tests.test_queue import enqueue_n, expire_lease
+from tests.test_queue import AS_ROWS, enqueue_n, expire_lease
 
 
 def complete_and_claim(
@@ -90,7 +90,9 @@ def test_one_call_completes_the_last_batch_and_claims_the_next(db: psycopg.Conne
     assert [job(db, i)["status"] for i in ids] == ["done", "done", "running", "running", "queued"]
     assert complete_and_claim(db, second, max_jobs=0) == [], "max_jobs 0 only completes"
     assert [job(db, i)["status"] for i in ids] == ["done"] * 4 + ["queued"]
-    assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (1,)
+    assert db.execute(
+        "select count(*) from pgqueue.live_jobs where status = 'queued'"
+    ).fetchone() == (1,)
 
 
 def test_a_stale_token_completes_nothing(db: psycopg.Connection) -> None:
@@ -136,7 +138,7 @@ def test_bad_arguments_are_refused_and_change_nothing(
     enqueue_n(db, 1)
     with pytest.raises(psycopg.errors.InvalidParameterValue, match=re.escape(message)):
         db.execute(f"select * from pgqueue.complete_and_claim('w', {call})")
-    assert db.execute("select status from pgqueue.jobs").fetchone() == ("queued",)
+    assert db.execute("select status from pgqueue.live_jobs").fetchone() == ("queued",)
 
 
 def test_four_looping_claimers_run_every_job_exactly_once(
@@ -242,7 +244,7 @@ def plans_of_a_steady_call(db: psycopg.Connection) -> str:
 
 
 def test_no_statement_of_the_hot_path_scans_the_job_table(db: psycopg.Connection) -> None:
-    enqueue_n(db, 5_000)
+    enqueue_n(db, 5_000, **AS_ROWS)
     enqueue_n(db, 5_000, queue="other", concurrency_key="k")  # keyed jobs elsewhere
     db.execute("analyze pgqueue.jobs")
     nested = plans_of_a_steady_call(db)
@@ -255,7 +257,7 @@ def test_no_statement_of_the_hot_path_scans_the_job_table(db: psycopg.Connection
 def test_claim_reads_its_jobs_back_without_scanning_the_queue(db: psycopg.Connection) -> None:
     """claim() returns whole job rows: it reads them from its own claim, by the claim's key,
     not by looking for its token among the queued jobs."""
-    enqueue_n(db, 5_000)
+    enqueue_n(db, 5_000, **AS_ROWS)
     db.execute("analyze pgqueue.jobs")
     with plans_logged(db) as plans:
         claimed = db.execute("select status, lock_token from pgqueue.claim('w', 100)").fetchall()
@@ -270,7 +272,7 @@ def test_live_jobs_finds_running_jobs_without_reading_the_queue(
 ) -> None:
     """jobs_queued_check says no queued row runs or holds a token, so the planner leaves the
     job table out of such a query on live_jobs (constraint exclusion of a UNION ALL branch)."""
-    enqueue_n(db, 2_000)
+    enqueue_n(db, 2_000, **AS_ROWS)
     db.execute("analyze pgqueue.jobs")
     plan = "\n".join(
         r[0] for r in db.execute(f"explain select * from pgqueue.live_jobs where {where}")
@@ -298,7 +300,7 @@ def test_a_claim_deletes_its_jobs_and_a_heartbeat_renews_one_row(db: psycopg.Con
         assert row is not None
         return row
 
-    enqueue_n(db, 200)
+    enqueue_n(db, 200, **AS_ROWS)
     jobs_before, claims_before = writes("pgqueue.jobs"), writes("pgqueue.claims")
     batch = complete_and_claim(db, max_jobs=100)
     for claimed in batch[:10]:
@@ -419,7 +421,7 @@ def test_a_claim_reads_on_from_the_session_s_last_claim_not_past_the_dead_entrie
 ) -> None:
     """Each claimed job leaves a dead entry at the head of the claim index until VACUUM. A
     session's first claim walks them; its next one starts where the last ended."""
-    ids = enqueue_n(db, 12_000)
+    ids = enqueue_n(db, 12_000, **AS_ROWS)
     batch: list[dict] = []
     for _ in range(100):  # 10,000 jobs claimed, their index entries dead
         batch = complete_and_claim(db, batch, max_jobs=100)
@@ -435,7 +437,7 @@ def test_a_claim_reads_on_from_the_session_s_last_claim_not_past_the_dead_entrie
 
 
 def test_higher_priorities_keep_their_precedence_over_the_front(db: psycopg.Connection) -> None:
-    ids = enqueue_n(db, 300)
+    ids = enqueue_n(db, 300, **AS_ROWS)
     with db.transaction():
         assert sorted(j["id"] for j in complete_and_claim(db, max_jobs=100)) == ids[:100]
         urgent = db.execute("select pgqueue.enqueue('k', priority => 5)").fetchone()[0]
@@ -455,7 +457,7 @@ def test_a_job_placed_behind_the_front_waits_for_the_next_claim_from_the_head(
     transaction started before and committed after the claim) is taken by the next claim that
     reads from the head of the queue: one that would not fill its batch from the front, or the
     first after 100 ms."""
-    ids = enqueue_n(db, 1_000)
+    ids = enqueue_n(db, 1_000, **AS_ROWS)
     with db.transaction():
         assert sorted(j["id"] for j in complete_and_claim(db, max_jobs=100)) == ids[:100]
         behind = db.execute(
@@ -488,7 +490,7 @@ def test_a_job_placed_behind_the_front_waits_for_the_next_claim_from_the_head(
 def test_a_front_that_is_malformed_or_not_this_claim_s_is_ignored(
     db: psycopg.Connection, setting: str
 ) -> None:
-    ids = enqueue_n(db, 5)
+    ids = enqueue_n(db, 5, **AS_ROWS)
     now_us = db.execute("select (extract(epoch from now()) * 1e6)::bigint").fetchone()[0]
     far = now_us + 3_600 * 10**6
     with db.transaction():
@@ -514,7 +516,7 @@ def test_queued_jobs_fill_the_table_s_pages(db: psycopg.Connection) -> None:
     """Since a claim deletes its jobs instead of updating them, nothing needs room beside a job
     on its page: jobs enqueued fill their pages, not half of each as the hot-path migration's
     fillfactor left them."""
-    enqueue_n(db, 2000)
+    enqueue_n(db, 2000, **AS_ROWS)
     pages, row_bytes = db.execute(
         "select count(distinct (ctid::text::point)[0]), sum(pg_column_size(j.*) + 4)"
         " from pgqueue.jobs as j"

@@ -15,6 +15,11 @@ from testkit.stack import wait_for_pg_net
 from tests.support.http_sink import HttpSink
 from tests.support.jobs import job
 
+# A field that sends enqueue_many() down its row path: jobs that set anything but kind, payload
+# and queue are stored a row a job in pgqueue.jobs, not as one pgqueue.job_batches row. For the
+# tests of what happens to those rows.
+AS_ROWS = {"priority": 0}
+
 
 def enqueue_n(db: psycopg.Connection, n: int, kind: str = "test.noop", **fields) -> list[int]:
     jobs = Jsonb([{"kind": kind, "payload": {"n": i}, **fields} for i in range(n)])
@@ -362,7 +367,7 @@ def test_sweeper_prunes_finished_jobs_past_retention_but_keeps_dead_letters_long
 def test_cancel_stops_a_queued_job_and_makes_a_running_token_stale(
     db: psycopg.Connection,
 ) -> None:
-    queued, running = enqueue_n(db, 2)
+    queued, running = enqueue_n(db, 2, **AS_ROWS)
     db.execute("update pgqueue.jobs set priority = 1 where id = %s", (running,))
     (claimed,) = claim(db)
     assert claimed["id"] == running
@@ -501,7 +506,7 @@ def test_every_security_definer_function_pins_an_empty_search_path(
 
 
 def test_claims_and_the_history_are_served_by_their_indexes(db: psycopg.Connection) -> None:
-    ids = enqueue_n(db, 20_000)
+    ids = enqueue_n(db, 20_000, **AS_ROWS)
     finish(db, ids[:15_000], "done", "1 hour")
     finish(db, ids[15_000:15_010], "failed", "1 hour")
     db.execute("analyze pgqueue.jobs; analyze pgqueue.job_history")
@@ -521,7 +526,7 @@ def test_claims_and_the_history_are_served_by_their_indexes(db: psycopg.Connecti
 
 
 def test_finished_jobs_leave_the_job_table_for_the_history(db: psycopg.Connection) -> None:
-    done, dead, cancelled, waiting = enqueue_n(db, 4)
+    done, dead, cancelled, waiting = enqueue_n(db, 4, **AS_ROWS)
     tokens = {j["id"]: j["lock_token"] for j in claim(db, 2)}
     db.execute("select pgqueue.complete(%s, %s)", (done, tokens[done]))
     db.execute("select pgqueue.fail(%s, %s, 'no', retryable => false)", (dead, tokens[dead]))

@@ -144,7 +144,9 @@ def test_update_keeps_user_edits_and_jobs_and_applies_the_new_migration(
     try:
         push_migrations(project, cluster.url())
         with cluster.connect(autocommit=True) as db:
-            db.execute("select pgqueue.enqueue_many(%s)", (Jsonb([EMAIL, EMAIL]),))
+            # one stored as a batch, one (with a priority) as a row of pgqueue.jobs
+            db.execute("select pgqueue.enqueue_many(%s)", (Jsonb([EMAIL]),))
+            db.execute("select pgqueue.enqueue_many(%s)", (Jsonb([{**EMAIL, "priority": 1}]),))
             dead = db.execute("select pgqueue.enqueue('c', max_attempts => 1)").fetchone()[0]
             db.execute("select pgqueue.enqueue('d')")
             (dead_token,) = db.execute(

@@ -106,8 +106,8 @@ def test_a_held_xmin_horizon_keeps_claims_right(
     rates = {}
     for held in (False, True):
         db.execute(
-            "truncate pgqueue.jobs, pgqueue.job_history, pgqueue.done_batches, pgqueue.claims,"
-            " pgqueue.claimed_keys"
+            "truncate pgqueue.jobs, pgqueue.job_batches, pgqueue.job_history, pgqueue.done_batches,"
+            " pgqueue.claims, pgqueue.claimed_keys"
         )
         logs = tmp_path / f"audit-{'held' if held else 'free'}"
         logs.mkdir()
