@@ -44,7 +44,7 @@ def test_workers_ride_out_server_restarts(
 ) -> None:
     plan = Plan.soak(JOBS, max_attempts=5, seed=13)
     with own_cluster.connect(autocommit=True) as conn:
-        ids = enqueue_plan(conn, plan)
+        ids = enqueue_plan(conn, plan, batched=True)
     workers = fleet(PYTHON, DB_URL=own_cluster.dsn(), WORKER_LEASE_SECONDS=LEASE_SECONDS)
     outages: list[tuple[float, float]] = []  # (stopped, back), time.time()
     reconnected: list[float] = []  # seconds from the server's return to every worker's

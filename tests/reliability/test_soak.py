@@ -39,7 +39,7 @@ def test_soak_with_workers_killed_at_random_loses_nothing(
     and a new one started in its place, 8 times. Every job still ends done, or failed after
     its attempts, exactly once."""
     plan = Plan.soak(SOAK_JOBS, max_attempts=5)
-    ids = enqueue_plan(db, plan)
+    ids = enqueue_plan(db, plan, batched=True)  # as batch rows: the claim path that takes slices
     workers = fleet(PYTHON, WORKER_LEASE_SECONDS=2)
     rng = random.Random(3)
     names: dict[WorkerProcess, str] = {}
