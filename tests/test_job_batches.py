@@ -270,3 +270,14 @@ def test_an_expired_lease_on_a_batched_job_puts_it_back_as_a_row(db: psycopg.Con
     back = db.execute("select id, attempts, payload from pgqueue.jobs order by id").fetchall()
     assert back == [(ids[0], 1, {"n": 0}), (ids[1], 1, {"n": 1})]
     assert batches(db) == [(ids[0], "default", "k", 3, 2)]
+
+
+def test_a_queue_with_keyed_jobs_takes_its_batches_beside_them(db: psycopg.Connection) -> None:
+    db.execute("select pgqueue.set_concurrency_limit('tenant-b', 1)")
+    keyed = enqueue_many(db, [{"kind": "k", "concurrency_key": "tenant-b"} for _ in range(3)])
+    batch = enqueue_many(db, [{"kind": "k"} for _ in range(3)])
+    claimed = complete_and_claim(db, max_jobs=10)
+    ids = {j["id"] for j in claimed}
+    assert ids >= set(batch) and len(ids & set(keyed)) == 1, "the limit holds; the batch is taken"
+    assert batches(db) == []
+    db.execute("select pgqueue.set_concurrency_limit('tenant-b', null)")
