@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from .queue_sql import percentile, queued_jobs, reset
+from .queue_sql import live_job_count, percentile, reset
 from .stack import REPO, SCHEMA, Stack, pip_install_editable
 
 T = TypeVar("T")
@@ -191,7 +191,7 @@ def drain(
                 raise RuntimeError(f"a {transport.name} worker exited {proc.returncode}")
     done = sum(r["done"] for r in results)
     with stack.cluster.connect() as conn:
-        left = queued_jobs(conn)
+        left = live_job_count(conn)
     if done != jobs or left:
         raise RuntimeError(f"{transport.name} workers completed {done} of {jobs}; {left} left")
     return {

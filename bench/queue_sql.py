@@ -85,9 +85,9 @@ def reset(stack: Stack, queued: int = 0, as_rows: bool = False) -> None:
     wait_idle_autovacuum(stack)
 
 
-def queued_jobs(conn: psycopg.Connection, where: str = "true") -> int:
-    """Live jobs, queued or running, wherever they are stored."""
-    return conn.execute(f"select count(*) from {S}.live_jobs where {where}").fetchone()[0]
+def live_job_count(conn: psycopg.Connection) -> int:
+    """Live jobs, queued or running, wherever they are stored (rows or batches)."""
+    return conn.execute(f"select count(*) from {S}.live_jobs").fetchone()[0]
 
 
 def commit_latency(stack: Stack, samples: int) -> dict[str, float]:
@@ -118,7 +118,7 @@ def enqueue_many(stack: Stack, jobs: int) -> dict[str, float]:
                 f"select count(*) from {S}.enqueue_many(%s::jsonb)", (batch,), prepare=True
             )
         elapsed = time.perf_counter() - started
-        count = queued_jobs(conn)
+        count = live_job_count(conn)
     if count != jobs:
         raise RuntimeError(f"enqueue_many stored {count} of {jobs} jobs")
     return {"jobs_per_s": jobs / elapsed}
@@ -275,7 +275,7 @@ def hot_loop(stack: Stack, jobs: int, processes: int, as_rows: bool = False) -> 
 def _check_all_done(stack: Stack, jobs: int) -> None:
     """The hot path reports no completions back: check that every job is kept as done."""
     with stack.cluster.connect() as conn:
-        left = queued_jobs(conn)
+        left = live_job_count(conn)
         done = conn.execute(
             f"select count(*) from {S}.all_jobs where status = 'done' and queue = 'default'"
         ).fetchone()[0]

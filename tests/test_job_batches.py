@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from testkit.cluster import Cluster
+from tests.support.jobs import job_by_id as job
 from tests.test_hot_path import claimers_drain, complete_and_claim
 from tests.test_queue import expire_lease
 
@@ -32,11 +32,6 @@ def rows(db: psycopg.Connection) -> int:
 def live(db: psycopg.Connection) -> list[tuple]:
     """(id, status, payload) of every live job, in id order."""
     return db.execute("select id, status, payload from pgqueue.live_jobs order by id").fetchall()
-
-
-def job(db: psycopg.Connection, job_id: int) -> dict:
-    with db.cursor(row_factory=dict_row) as cur:
-        return cur.execute("select * from pgqueue.job(%s)", (job_id,)).fetchone()
 
 
 def test_one_kind_and_queue_with_nothing_else_set_is_stored_as_one_row(
