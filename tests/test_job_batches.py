@@ -276,3 +276,13 @@ def test_a_queue_with_keyed_jobs_takes_its_batches_beside_them(db: psycopg.Conne
     assert ids >= set(batch) and len(ids & set(keyed)) == 1, "the limit holds; the batch is taken"
     assert batches(db) == []
     db.execute("select pgqueue.set_concurrency_limit('tenant-b', null)")
+
+
+def test_the_sweeper_wakes_and_throughput_lists_a_queue_holding_only_batches(
+    db: psycopg.Connection,
+) -> None:
+    enqueue_many(db, [{"kind": "k", "queue": "only-batches"} for _ in range(3)])
+    assert rows(db) == 0
+    assert db.execute("select woke from pgqueue.sweep()").fetchone() == (True,)
+    queues = db.execute("select distinct queue from pgqueue.throughput(1)").fetchall()
+    assert ("only-batches",) in queues
