@@ -38,7 +38,6 @@ class Sizes:
     enqueue_jobs: int
     single_jobs: int  # enqueued one a transaction (enqueue_one_*, pgmq_send_*)
     finished: int  # finished jobs kept (history and done batches) for the finished_rows figure
-    supabase_jobs: int  # the supabase transport pays an HTTP request per call
     pgqueuer_jobs: int
     procrastinate_jobs: int
     latency_samples: int
@@ -64,14 +63,14 @@ class Sizes:
 
 
 FULL = Sizes(
-    20_000, 100_000, 10_000, 1_000_000, 5_000, 20_000, 1_000, 500, 100.0, 250, 600, 15, 2.0,
+    20_000, 100_000, 10_000, 1_000_000, 20_000, 1_000, 500, 100.0, 250, 600, 15, 2.0,
     churn_jobs=500_000, churn_segment=50_000, churn_backlog=10_000,
     fairness_big=100_000, rate_per_s=200.0, rate_burst=20, rate_seconds=5.0,
     limited_jobs=2_000,
 )  # fmt: skip
 # (isolated jobs closer together than in a real run: the smoke run only checks that it works)
 SMOKE = Sizes(
-    300, 1_000, 100, 2_000, 100, 300, 30, 20, 100.0, 10, 20, 2, 0.5,
+    300, 1_000, 100, 2_000, 300, 30, 20, 100.0, 10, 20, 2, 0.5,
     churn_jobs=3_000, churn_segment=500, churn_backlog=500,
     fairness_big=1_000, rate_per_s=100.0, rate_burst=10, rate_seconds=2.0,
     limited_jobs=200,
@@ -98,10 +97,11 @@ def worker_scenarios(
     """The generated worker's scenarios, for each transport that could be set up."""
     out: dict[str, Callable[[Stack], Figures]] = {}
     for name, transport in transports.items():
-        jobs = sizes.jobs if name == "postgres" else sizes.supabase_jobs
+        # Both transports drain as many jobs as pgmq and the SQL scenarios: the supabase
+        # transport sends an HTTP request per claim of a batch, not per job.
         for processes in (1, 4):
-            out[f"worker_{name}_{processes}proc"] = lambda s, t=transport, n=jobs, p=processes: (
-                generated_worker.drain(s, t, n, p)
+            out[f"worker_{name}_{processes}proc"] = lambda s, t=transport, p=processes: (
+                generated_worker.drain(s, t, sizes.jobs, p)
             )
         out[f"worker_latency_{name}"] = lambda s, t=transport: generated_worker.latency(
             s, t, sizes.latency_samples, sizes.latency_rate
@@ -308,10 +308,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             raw = _run_scenarios(stack, sizes, wanted, args.repeats, document, args.linger)
             if args.profile:
-                jobs = {"postgres": sizes.jobs, "supabase": sizes.supabase_jobs}
-                for name, count in jobs.items():
+                for name in TRANSPORTS:
                     profile = out.with_suffix(f".worker-{name}-profile.txt")
-                    _profile_worker(stack, name, count, profile)
+                    _profile_worker(stack, name, sizes.jobs, profile)
                     print(f"bench: wrote {profile}", file=sys.stderr)
     finally:
         stack.destroy()
