@@ -22,8 +22,7 @@ from typing import Any
 
 import psycopg
 
-from .hot_path_steps import backend_cpu_s
-from .queue_sql import CLAIM_BATCH, gather_results, reset
+from .queue_sql import CLAIM_BATCH, backend_cpu_s, gather_results, reset
 from .stack import SCHEMA, Stack, wait_idle_autovacuum
 
 S = SCHEMA

@@ -44,7 +44,6 @@ per job, and the distinct lock tokens per claimed job.
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -54,7 +53,7 @@ from typing import Any
 import psycopg
 
 from .peers import PGMQ_QUEUE, PGMQ_VT, PGMQ_WARM_UP, pgmq_reset
-from .queue_sql import CLAIM_BATCH, state_tables
+from .queue_sql import CLAIM_BATCH, backend_cpu_s, state_tables
 from .report import RatioTarget
 from .stack import SCHEMA, Stack, wait_idle_autovacuum
 
@@ -376,16 +375,6 @@ class Pgmq:
                 return drained
             drained.batches += 1
             conn.execute(self.delete, (PGMQ_QUEUE, ids), prepare=True).fetchone()
-
-
-def backend_cpu_s(pid: int) -> float:
-    """CPU time (user + system) the server process `pid` has used: the scheduler's count in
-    ns, or /proc/<pid>/stat's clock ticks (10 ms) where there is no schedstat."""
-    try:
-        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
-    except (OSError, ValueError, IndexError):
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _table_counts(conn: psycopg.Connection, tables: list[str]) -> dict[str, tuple[int, ...]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import queue
 import statistics
 import threading
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from multiprocessing.sharedctypes import Synchronized
 from multiprocessing.synchronize import Event as EventType
+from pathlib import Path
 
 import psycopg
 
@@ -270,6 +272,62 @@ def hot_loop(stack: Stack, jobs: int, processes: int, as_rows: bool = False) -> 
     rate = run_claimers(stack.dsn(), jobs, processes, _hot_loop)[0]
     _check_all_done(stack, jobs)
     return {"jobs_per_s": rate}
+
+
+# call_cost's batch sizes, and the most calls it makes at each
+CALL_COST_SIZES = (1, 10, 100, 250)
+CALL_COST_CALLS = 2_000
+
+
+def backend_cpu_s(pid: int) -> float:
+    """CPU time (user + system) the server process `pid` has used: the scheduler's count in
+    ns, or /proc/<pid>/stat's clock ticks (10 ms) where there is no schedstat."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def fit_call_cost(per_call: dict[int, float]) -> dict[str, float]:
+    """The server's CPU per call (µs) at each batch size, and its least-squares fit to
+    `fixed + per_job * size`: the fixed part, the part per job, and the fixed part's share of
+    a call of CLAIM_BATCH jobs."""
+    per_job, fixed = statistics.linear_regression(list(per_call), list(per_call.values()))
+    return {
+        **{f"server_us_per_call_of_{size}": us for size, us in per_call.items()},
+        "fixed_server_us_per_call": fixed,
+        "server_us_per_job": per_job,
+        "fixed_share_at_100": fixed / (fixed + per_job * CLAIM_BATCH),
+    }
+
+
+def call_cost(stack: Stack, jobs: int) -> dict[str, float]:
+    """What a complete_and_claim() call costs the server however many jobs it takes, and what
+    each job adds: one connection drains jobs (as hot_loop() does, durable commits) at each of
+    CALL_COST_SIZES jobs a call, at most CALL_COST_CALLS calls each; see fit_call_cost()."""
+    per_call: dict[int, float] = {}
+    for size in CALL_COST_SIZES:
+        drained = min(jobs, size * CALL_COST_CALLS)
+        reset(stack, queued=drained)
+        with psycopg.connect(stack.dsn(), autocommit=True) as conn:
+            _warm_up_hot(conn, "bench-call-cost")
+            pid = conn.info.backend_pid
+            ids: list[int] = []
+            tokens: list[object] = []
+            calls = 0
+            began = backend_cpu_s(pid)
+            while True:
+                rows = conn.execute(
+                    HOT_PATH, ("bench-call-cost", ids, tokens, size, "default"), prepare=True
+                ).fetchall()
+                calls += 1  # (the last call, which completes the last batch, counts too)
+                if not rows:
+                    break
+                ids, tokens = [job_id for job_id, _ in rows], [token for _, token in rows]
+            per_call[size] = (backend_cpu_s(pid) - began) / calls * 1e6
+        _check_all_done(stack, drained)
+    return fit_call_cost(per_call)
 
 
 def _check_all_done(stack: Stack, jobs: int) -> None:

@@ -43,6 +43,7 @@ def unit_of(figure: str) -> str:
     markers = (
         ("us_per_row", "us/row"),
         ("us_per_job", "us/job"),
+        ("us_per_call", "us/call"),
         ("bytes_per_job", "B/job"),
         ("rows_per_job", "rows/job"),
         ("updates_per_job", "updates/job"),

@@ -18,6 +18,16 @@ SCENARIOS = {
     "sql_hot_1proc": {"jobs_per_s"},
     "sql_hot_4proc": {"jobs_per_s"},
     "sql_hot_rows_4proc": {"jobs_per_s"},
+    # what a call costs the server apart from its jobs; for pgmq a "call" is read + delete
+    **{
+        scenario: {
+            "server_us_per_call_of_1",
+            "server_us_per_call_of_100",
+            "fixed_server_us_per_call",
+            "server_us_per_job",
+        }
+        for scenario in ("call_cost", "pgmq_call_cost")
+    },
     # 3,000 jobs in segments of 500 on the smoke run
     "churn": {
         *(f"segment_{n:02d}_jobs_per_s" for n in range(1, 7)),
