@@ -164,7 +164,7 @@ def scenarios(sizes: Sizes) -> dict[str, Callable[[Stack], Figures]]:
         "sql_hot_rows_4proc": lambda s: queue_sql.hot_loop(s, sizes.jobs, 4, as_rows=True),
         # what a complete_and_claim() call costs the server, apart from its jobs
         "call_cost": lambda s: queue_sql.call_cost(s, sizes.jobs),
-        "pgmq_call_cost": lambda s: peers.pgmq_call_cost(s, sizes.jobs),
+        "pgmq_call_cost": lambda s: queue_sql.call_cost(s, sizes.jobs, peers.PGMQ_CHURN),
         **{
             f"pgmq_read_{finish}_{processes}proc": lambda s, f=finish, p=processes: (
                 peers.pgmq_drain(s, sizes.jobs, p, f)

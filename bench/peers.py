@@ -24,15 +24,11 @@ from multiprocessing.synchronize import Event as EventType
 import psycopg
 
 from .queue_sql import (
-    CALL_COST_CALLS,
-    CALL_COST_SIZES,
     CLAIM_BATCH,
     ENQUEUE_BATCH,
     SINGLE_WARM_UP,
     ChurnQueue,
     ChurnStep,
-    backend_cpu_s,
-    fit_call_cost,
     run_claimers,
     run_senders,
     table_stats,
@@ -232,35 +228,6 @@ def pgmq_drain(stack: Stack, jobs: int, processes: int, finish: str) -> dict[str
     return {"jobs_per_s": rate}
 
 
-def pgmq_call_cost(stack: Stack, jobs: int) -> dict[str, float]:
-    """queue_sql.call_cost()'s counterpart: what pgmq's read(q, 30, size) + delete(q, ids), the
-    two calls and two commits a batch takes, cost the server at each batch size; a "call" in
-    its figures is that pair."""
-    read = "select msg_id from pgmq.read(%s, %s, %s)"
-    delete = "select count(*) from pgmq.delete(%s, %s::bigint[])"
-    per_call: dict[int, float] = {}
-    for size in CALL_COST_SIZES:
-        drained = min(jobs, size * CALL_COST_CALLS)
-        pgmq_reset(stack, queued=drained)
-        with psycopg.connect(stack.dsn("pgmq"), autocommit=True) as conn:
-            conn.execute(read, (PGMQ_WARM_UP, PGMQ_VT, size), prepare=True).fetchall()
-            conn.execute(delete, (PGMQ_WARM_UP, []), prepare=True)
-            pid = conn.info.backend_pid
-            calls = 0
-            began = backend_cpu_s(pid)
-            while True:
-                rows = conn.execute(read, (PGMQ_QUEUE, PGMQ_VT, size), prepare=True).fetchall()
-                calls += 1  # (the last read, which finds nothing, counts too)
-                if not rows:
-                    break
-                conn.execute(delete, (PGMQ_QUEUE, [msg_id for (msg_id,) in rows]), prepare=True)
-            per_call[size] = (backend_cpu_s(pid) - began) / calls * 1e6
-            left = conn.execute(f"select count(*) from pgmq.q_{PGMQ_QUEUE}").fetchone()[0]
-        if left:
-            raise RuntimeError(f"pgmq call cost: {left} messages left of {drained}")
-    return fit_call_cost(per_call)
-
-
 def main(argv: list[str]) -> int:
     name, dsn, jobs = argv
     print(json.dumps(asyncio.run(PEERS[name](dsn, int(jobs)))))
@@ -278,15 +245,15 @@ def _pgmq_send(conn: psycopg.Connection, payloads: list[dict]) -> None:
     conn.execute(PGMQ_SEND_BATCH, (PGMQ_QUEUE, json.dumps(payloads)), prepare=True)
 
 
-def _pgmq_claimer(conn: psycopg.Connection) -> ChurnStep:
-    """read(q, 30, 100), then delete the ids read, as _pgmq_loop does."""
+def _pgmq_claimer(conn: psycopg.Connection, batch: int = CLAIM_BATCH) -> ChurnStep:
+    """read(q, 30, batch), then delete the ids read, as _pgmq_loop does."""
     read = "select msg_id from pgmq.read(%s, %s, %s)"
     delete = "select count(*) from pgmq.delete(%s, %s::bigint[])"
     conn.execute(read, (PGMQ_WARM_UP, PGMQ_VT, CLAIM_BATCH), prepare=True).fetchall()
     conn.execute(delete, (PGMQ_WARM_UP, []), prepare=True)
 
     def step(conn: psycopg.Connection) -> int:
-        rows = conn.execute(read, (PGMQ_QUEUE, PGMQ_VT, CLAIM_BATCH), prepare=True).fetchall()
+        rows = conn.execute(read, (PGMQ_QUEUE, PGMQ_VT, batch), prepare=True).fetchall()
         if rows:
             conn.execute(delete, (PGMQ_QUEUE, [msg_id for (msg_id,) in rows]), prepare=True)
         return len(rows)

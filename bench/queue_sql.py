@@ -289,47 +289,6 @@ def backend_cpu_s(pid: int) -> float:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def fit_call_cost(per_call: dict[int, float]) -> dict[str, float]:
-    """The server's CPU per call (µs) at each batch size, and its least-squares fit to
-    `fixed + per_job * size`: the fixed part, the part per job, and the fixed part's share of
-    a call of CLAIM_BATCH jobs."""
-    per_job, fixed = statistics.linear_regression(list(per_call), list(per_call.values()))
-    return {
-        **{f"server_us_per_call_of_{size}": us for size, us in per_call.items()},
-        "fixed_server_us_per_call": fixed,
-        "server_us_per_job": per_job,
-        "fixed_share_at_100": fixed / (fixed + per_job * CLAIM_BATCH),
-    }
-
-
-def call_cost(stack: Stack, jobs: int) -> dict[str, float]:
-    """What a complete_and_claim() call costs the server however many jobs it takes, and what
-    each job adds: one connection drains jobs (as hot_loop() does, durable commits) at each of
-    CALL_COST_SIZES jobs a call, at most CALL_COST_CALLS calls each; see fit_call_cost()."""
-    per_call: dict[int, float] = {}
-    for size in CALL_COST_SIZES:
-        drained = min(jobs, size * CALL_COST_CALLS)
-        reset(stack, queued=drained)
-        with psycopg.connect(stack.dsn(), autocommit=True) as conn:
-            _warm_up_hot(conn, "bench-call-cost")
-            pid = conn.info.backend_pid
-            ids: list[int] = []
-            tokens: list[object] = []
-            calls = 0
-            began = backend_cpu_s(pid)
-            while True:
-                rows = conn.execute(
-                    HOT_PATH, ("bench-call-cost", ids, tokens, size, "default"), prepare=True
-                ).fetchall()
-                calls += 1  # (the last call, which completes the last batch, counts too)
-                if not rows:
-                    break
-                ids, tokens = [job_id for job_id, _ in rows], [token for _, token in rows]
-            per_call[size] = (backend_cpu_s(pid) - began) / calls * 1e6
-        _check_all_done(stack, drained)
-    return fit_call_cost(per_call)
-
-
 def _check_all_done(stack: Stack, jobs: int) -> None:
     """The hot path reports no completions back: check that every job is kept as done."""
     with stack.cluster.connect() as conn:
@@ -396,22 +355,23 @@ def gather_results(out: multiprocessing.Queue, procs: list[BaseProcess], timeout
 
 CHURN_CLAIMERS = 2
 
-# One claimer's step in the churn scenario: claims a batch on the connection (finishing the
-# batch it claimed before, as that queue's own loop does) and says how many jobs it claimed.
+# One claimer's step in the churn and call-cost scenarios: claims a batch on the connection
+# (finishing the batch it claimed before, as that queue's own loop does) and says how many
+# jobs it claimed.
 ChurnStep = Callable[[psycopg.Connection], int]
 
 
 @dataclass(frozen=True)
 class ChurnQueue:
-    """What churn() drives: a queue's database, how it resets it with `backlog` jobs queued,
-    sends a batch of payloads, makes a claimer's step (warmed up on the connection), and
-    checks afterwards that every job was finished, and its job table's autovacuums, dead rows
-    and size (bytes, indexes included)."""
+    """What churn() and call_cost() drive: a queue's database, how it resets it with `backlog`
+    jobs queued, sends a batch of payloads, makes a claimer's step of a batch size (CLAIM_BATCH
+    unless given; warmed up on the connection), and checks afterwards that every job was
+    finished, and its job table's autovacuums, dead rows and size (bytes, indexes included)."""
 
     dbname: str
     reset: Callable[[Stack, int], None]
     send: Callable[[psycopg.Connection, list[dict]], None]
-    claimer: Callable[[psycopg.Connection], ChurnStep]
+    claimer: Callable[..., ChurnStep]  # (connection, batch size=CLAIM_BATCH)
     check: Callable[[Stack, int], None]
     table: Callable[[Stack], tuple[int, int, int]]
 
@@ -423,8 +383,8 @@ def _send_ours(conn: psycopg.Connection, payloads: list[dict]) -> None:
     )
 
 
-def _claimer_ours(conn: psycopg.Connection) -> ChurnStep:
-    """complete_and_claim(100), each call completing the batch the previous one claimed."""
+def _claimer_ours(conn: psycopg.Connection, batch: int = CLAIM_BATCH) -> ChurnStep:
+    """complete_and_claim(batch), each call completing the batch the previous one claimed."""
     name = f"churn-{conn.info.backend_pid}"
     _warm_up_hot(conn, name)
     last: list[tuple[int, object]] = []
@@ -433,7 +393,7 @@ def _claimer_ours(conn: psycopg.Connection) -> ChurnStep:
         nonlocal last
         ids, tokens = [job_id for job_id, _ in last], [token for _, token in last]
         last = conn.execute(
-            HOT_PATH, (name, ids, tokens, CLAIM_BATCH, "default"), prepare=True
+            HOT_PATH, (name, ids, tokens, batch, "default"), prepare=True
         ).fetchall()
         return len(last)
 
@@ -590,6 +550,35 @@ def table_stats(
 
 
 OURS = ChurnQueue("postgres", reset, _send_ours, _claimer_ours, _check_all_done, table_stats)
+
+
+def call_cost(stack: Stack, jobs: int, queue: ChurnQueue = OURS) -> dict[str, float]:
+    """What a claiming call costs the server however many jobs it takes, and what each job adds:
+    one connection drains `queue` with its claimer's step (for us complete_and_claim(), for
+    pgmq the pair read + delete, durable commits) at each of CALL_COST_SIZES jobs a step, at
+    most CALL_COST_CALLS steps each. The server process's CPU per step at each size, its
+    least-squares fit to `fixed + per_job * size`, and the fixed part's share of a step of
+    CLAIM_BATCH jobs."""
+    per_call: dict[int, float] = {}
+    for size in CALL_COST_SIZES:
+        drained = min(jobs, size * CALL_COST_CALLS)
+        queue.reset(stack, drained)
+        with psycopg.connect(stack.dsn(queue.dbname), autocommit=True) as conn:
+            step = queue.claimer(conn, size)
+            pid = conn.info.backend_pid
+            calls = 1  # (the last step, which finds nothing, counts too)
+            began = backend_cpu_s(pid)
+            while step(conn):
+                calls += 1
+            per_call[size] = (backend_cpu_s(pid) - began) / calls * 1e6
+        queue.check(stack, drained)
+    per_job, fixed = statistics.linear_regression(list(per_call), list(per_call.values()))
+    return {
+        **{f"server_us_per_call_of_{size}": us for size, us in per_call.items()},
+        "fixed_server_us_per_call": fixed,
+        "server_us_per_job": per_job,
+        "fixed_share_at_100": fixed / (fixed + per_job * CLAIM_BATCH),
+    }
 
 
 def finished_rows(stack: Stack, jobs: int, finished: int, repeats: int) -> dict[str, list[float]]:
