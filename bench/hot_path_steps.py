@@ -53,7 +53,7 @@ from typing import Any
 import psycopg
 
 from .peers import PGMQ_QUEUE, PGMQ_VT, PGMQ_WARM_UP, pgmq_reset
-from .queue_sql import CLAIM_BATCH, backend_cpu_s, state_tables
+from .queue_sql import CLAIM_BATCH, array_literal, backend_cpu_s, state_tables
 from .report import RatioTarget
 from .stack import SCHEMA, Stack, wait_idle_autovacuum
 
@@ -310,12 +310,12 @@ class Drained:
 
 class TwoCalls:
     def __init__(self, schema: str) -> None:
-        self.claim = f"select id, lock_token from {schema}.claim(%s, %s, null, %s)"
+        self.claim = f"select id, lock_token::text from {schema}.claim(%s, %s, null, %s)"
         self.complete = f"select count(*) from {schema}.complete_many(%s::bigint[], %s::uuid[])"
 
     def warm_up(self, conn: psycopg.Connection) -> None:
         conn.execute(self.claim, (WORKER, CLAIM_BATCH, WARM_UP), prepare=True).fetchall()
-        conn.execute(self.complete, ([], []), prepare=True).fetchone()
+        conn.execute(self.complete, ("{}", "{}"), prepare=True).fetchone()
 
     def drain(self, conn: psycopg.Connection) -> Drained:
         drained = Drained()
@@ -327,7 +327,8 @@ class TwoCalls:
             ids, tokens = [job_id for job_id, _ in rows], [token for _, token in rows]
             drained.batches += 1
             drained.first_tokens = drained.first_tokens or tokens
-            conn.execute(self.complete, (ids, tokens), prepare=True).fetchone()
+            literals = (array_literal(ids), array_literal(tokens))
+            conn.execute(self.complete, literals, prepare=True).fetchone()
 
 
 class CompleteAndClaim:
@@ -336,26 +337,25 @@ class CompleteAndClaim:
 
     def __init__(self, schema: str) -> None:
         self.call = (
-            f"select id, lock_token from {schema}.complete_and_claim("
+            f"select id, lock_token::text from {schema}.complete_and_claim("
             "%s, %s::bigint[], %s::uuid[], %s, null, %s)"
         )
 
     def warm_up(self, conn: psycopg.Connection) -> None:
-        conn.execute(self.call, (WORKER, [], [], CLAIM_BATCH, WARM_UP), prepare=True).fetchall()
+        conn.execute(self.call, (WORKER, "{}", "{}", CLAIM_BATCH, WARM_UP), prepare=True).fetchall()
 
     def drain(self, conn: psycopg.Connection) -> Drained:
         drained = Drained()
-        ids: list[int] = []
-        tokens: list = []
+        ids, tokens = "{}", "{}"
         while True:
             rows = conn.execute(
                 self.call, (WORKER, ids, tokens, CLAIM_BATCH, "default"), prepare=True
             ).fetchall()
             if not rows:
                 return drained
-            ids, tokens = [job_id for job_id, _ in rows], [token for _, token in rows]
+            ids, tokens = array_literal([r[0] for r in rows]), array_literal([r[1] for r in rows])
             drained.batches += 1
-            drained.first_tokens = drained.first_tokens or tokens
+            drained.first_tokens = drained.first_tokens or [r[1] for r in rows]
 
 
 class Pgmq:
@@ -364,7 +364,7 @@ class Pgmq:
 
     def warm_up(self, conn: psycopg.Connection) -> None:
         conn.execute(self.read, (PGMQ_WARM_UP, PGMQ_VT, CLAIM_BATCH), prepare=True).fetchall()
-        conn.execute(self.delete, (PGMQ_WARM_UP, []), prepare=True).fetchone()
+        conn.execute(self.delete, (PGMQ_WARM_UP, "{}"), prepare=True).fetchone()
 
     def drain(self, conn: psycopg.Connection) -> Drained:
         drained = Drained()
@@ -374,7 +374,7 @@ class Pgmq:
             if not ids:
                 return drained
             drained.batches += 1
-            conn.execute(self.delete, (PGMQ_QUEUE, ids), prepare=True).fetchone()
+            conn.execute(self.delete, (PGMQ_QUEUE, array_literal(ids)), prepare=True).fetchone()
 
 
 def _table_counts(conn: psycopg.Connection, tables: list[str]) -> dict[str, tuple[int, ...]]:

@@ -29,6 +29,7 @@ from .queue_sql import (
     SINGLE_WARM_UP,
     ChurnQueue,
     ChurnStep,
+    array_literal,
     run_claimers,
     run_senders,
     table_stats,
@@ -199,7 +200,7 @@ def _pgmq_loop(dsn: str, name: str, go: EventType, out: multiprocessing.Queue, f
         done_with = f"select count(*) from pgmq.{finish}(%s, %s::bigint[])"
         # Warm up on a queue nobody sends to: statements prepared, the functions compiled.
         conn.execute(read, (PGMQ_WARM_UP, PGMQ_VT, CLAIM_BATCH), prepare=True).fetchall()
-        conn.execute(done_with, (PGMQ_WARM_UP, []), prepare=True)
+        conn.execute(done_with, (PGMQ_WARM_UP, "{}"), prepare=True)
         go.wait()
         done = 0
         reading = 0.0  # time spent in read() calls, commits included
@@ -209,7 +210,7 @@ def _pgmq_loop(dsn: str, name: str, go: EventType, out: multiprocessing.Queue, f
             reading += time.perf_counter() - began
             if not rows:
                 break
-            ids = [msg_id for (msg_id,) in rows]
+            ids = array_literal([msg_id for (msg_id,) in rows])
             done += conn.execute(done_with, (PGMQ_QUEUE, ids), prepare=True).fetchone()[0]
         out.put((done, time.perf_counter(), reading))
 
@@ -250,12 +251,13 @@ def _pgmq_claimer(conn: psycopg.Connection, batch: int = CLAIM_BATCH) -> ChurnSt
     read = "select msg_id from pgmq.read(%s, %s, %s)"
     delete = "select count(*) from pgmq.delete(%s, %s::bigint[])"
     conn.execute(read, (PGMQ_WARM_UP, PGMQ_VT, CLAIM_BATCH), prepare=True).fetchall()
-    conn.execute(delete, (PGMQ_WARM_UP, []), prepare=True)
+    conn.execute(delete, (PGMQ_WARM_UP, "{}"), prepare=True)
 
     def step(conn: psycopg.Connection) -> int:
         rows = conn.execute(read, (PGMQ_QUEUE, PGMQ_VT, batch), prepare=True).fetchall()
         if rows:
-            conn.execute(delete, (PGMQ_QUEUE, [msg_id for (msg_id,) in rows]), prepare=True)
+            ids = array_literal([msg_id for (msg_id,) in rows])
+            conn.execute(delete, (PGMQ_QUEUE, ids), prepare=True)
         return len(rows)
 
     return step
