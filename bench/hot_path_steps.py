@@ -53,7 +53,13 @@ from typing import Any
 import psycopg
 
 from .peers import PGMQ_QUEUE, PGMQ_VT, PGMQ_WARM_UP, pgmq_reset
-from .queue_sql import CLAIM_BATCH, array_literal, backend_cpu_s, state_tables
+from .queue_sql import (
+    CLAIM_BATCH,
+    array_literal,
+    backend_cpu_s,
+    completion_literals,
+    state_tables,
+)
 from .report import RatioTarget
 from .stack import SCHEMA, Stack, wait_idle_autovacuum
 
@@ -324,11 +330,9 @@ class TwoCalls:
             rows = rows.fetchall()
             if not rows:
                 return drained
-            ids, tokens = [job_id for job_id, _ in rows], [token for _, token in rows]
             drained.batches += 1
-            drained.first_tokens = drained.first_tokens or tokens
-            literals = (array_literal(ids), array_literal(tokens))
-            conn.execute(self.complete, literals, prepare=True).fetchone()
+            drained.first_tokens = drained.first_tokens or [r[1] for r in rows]
+            conn.execute(self.complete, completion_literals(rows), prepare=True).fetchone()
 
 
 class CompleteAndClaim:
@@ -353,7 +357,7 @@ class CompleteAndClaim:
             ).fetchall()
             if not rows:
                 return drained
-            ids, tokens = array_literal([r[0] for r in rows]), array_literal([r[1] for r in rows])
+            ids, tokens = completion_literals(rows)
             drained.batches += 1
             drained.first_tokens = drained.first_tokens or [r[1] for r in rows]
 

@@ -39,8 +39,14 @@ def array_literal(values: list[int] | list[str]) -> str:
     quote), for a parameter cast to bigint[] or uuid[]: how every claimer here sends its ids
     and tokens, ours and pgmq's alike, as the generated worker does (its `_array()`). psycopg
     adapts a Python list element by element in Python, about 0.7 us an int and 1.5 a UUID
-    (5 December 2026), which would be the client's cost and not the queue's."""
+    (6 December 2026), which would be the client's cost and not the queue's."""
     return "{" + ",".join(map(str, values)) + "}"
+
+
+def completion_literals(rows: list[tuple[int, str]]) -> tuple[str, str]:
+    """The ids and the lock tokens of claimed `rows` ((id, token as text) each), as the two
+    array literals a completion takes."""
+    return array_literal([r[0] for r in rows]), array_literal([r[1] for r in rows])
 
 
 # The queue's state that a scenario starts without: the jobs, the finished jobs (history
@@ -202,11 +208,7 @@ def _claim_loop(dsn: str, name: str, go: EventType, out: multiprocessing.Queue) 
         # Warm up on a job of its own: statements prepared, the functions' plans cached.
         queue = _warm_up_job(conn, name)
         rows = conn.execute(claim, (name, CLAIM_BATCH, queue), prepare=True).fetchall()
-        conn.execute(
-            complete,
-            (array_literal([r[0] for r in rows]), array_literal([r[1] for r in rows])),
-            prepare=True,
-        )
+        conn.execute(complete, completion_literals(rows), prepare=True)
         go.wait()
         done = 0
         claiming = 0.0  # time spent in claim() calls, commits included
@@ -216,8 +218,7 @@ def _claim_loop(dsn: str, name: str, go: EventType, out: multiprocessing.Queue) 
             claiming += time.perf_counter() - began
             if not rows:
                 break
-            ids, tokens = array_literal([r[0] for r in rows]), array_literal([r[1] for r in rows])
-            done += conn.execute(complete, (ids, tokens), prepare=True).fetchone()[0]
+            done += conn.execute(complete, completion_literals(rows), prepare=True).fetchone()[0]
         out.put((done, time.perf_counter(), claiming))
 
 
@@ -252,7 +253,7 @@ def _warm_up_hot(conn: psycopg.Connection, name: str) -> None:
     its claim and its completion cached."""
     queue = _warm_up_job(conn, name)
     rows = conn.execute(HOT_PATH, (name, "{}", "{}", CLAIM_BATCH, queue), prepare=True).fetchall()
-    ids, tokens = array_literal([r[0] for r in rows]), array_literal([r[1] for r in rows])
+    ids, tokens = completion_literals(rows)
     conn.execute(HOT_PATH, (name, ids, tokens, CLAIM_BATCH, queue), prepare=True).fetchall()
 
 
@@ -266,7 +267,7 @@ def _hot_loop(dsn: str, name: str, go: EventType, out: multiprocessing.Queue) ->
         calling = 0.0  # time spent in complete_and_claim() calls, commits included
         rows: list[tuple[int, str]] = []
         while True:
-            ids, tokens = array_literal([r[0] for r in rows]), array_literal([r[1] for r in rows])
+            ids, tokens = completion_literals(rows)
             done += len(rows)
             began = time.perf_counter()
             rows = conn.execute(
@@ -405,7 +406,7 @@ def _claimer_ours(conn: psycopg.Connection, batch: int = CLAIM_BATCH) -> ChurnSt
 
     def step(conn: psycopg.Connection) -> int:
         nonlocal last
-        ids, tokens = array_literal([r[0] for r in last]), array_literal([r[1] for r in last])
+        ids, tokens = completion_literals(last)
         last = conn.execute(
             HOT_PATH, (name, ids, tokens, batch, "default"), prepare=True
         ).fetchall()
