@@ -83,23 +83,29 @@ def reset(stack: Stack, queued: int = 0, as_rows: bool = False) -> None:
     with stack.cluster.connect(autocommit=True) as conn:
         tables = state_tables(conn)
         conn.execute(f"truncate {', '.join(tables)}")
-        if queued and as_rows:
-            conn.execute(
-                f"insert into {S}.jobs (kind, payload) "
-                f"select 'noop', jsonb_build_object('n', n) from generate_series(1, %s) as n",
-                (queued,),
-            )
-        elif queued:
-            conn.execute(
-                f"select count(*) from generate_series(1, %(n)s, {ENQUEUE_BATCH}) as f, "
-                f"lateral {S}.enqueue_many(("
-                "select jsonb_agg(jsonb_build_object('kind', 'noop', 'payload',"
-                " jsonb_build_object('n', n)) order by n)"
-                f" from generate_series(f, least(f + {ENQUEUE_BATCH} - 1, %(n)s)) as n))",
-                {"n": queued},
-            )
+        enqueue_noop(conn, queued, as_rows)
         conn.execute(f"vacuum analyze {', '.join(tables)}")
     wait_idle_autovacuum(stack)
+
+
+def enqueue_noop(conn: psycopg.Connection, jobs: int, as_rows: bool = False) -> None:
+    """`jobs` runnable no-op jobs in one statement: by enqueue_many() calls of ENQUEUE_BATCH
+    (stored as batches where the migrations have them), or with `as_rows` a row each."""
+    if jobs and as_rows:
+        conn.execute(
+            f"insert into {S}.jobs (kind, payload) "
+            f"select 'noop', jsonb_build_object('n', n) from generate_series(1, %s) as n",
+            (jobs,),
+        )
+    elif jobs:
+        conn.execute(
+            f"select count(*) from generate_series(1, %(n)s, {ENQUEUE_BATCH}) as f, "
+            f"lateral {S}.enqueue_many(("
+            "select jsonb_agg(jsonb_build_object('kind', 'noop', 'payload',"
+            " jsonb_build_object('n', n)) order by n)"
+            f" from generate_series(f, least(f + {ENQUEUE_BATCH} - 1, %(n)s)) as n))",
+            {"n": jobs},
+        )
 
 
 def live_job_count(conn: psycopg.Connection) -> int:
@@ -600,10 +606,20 @@ def finished_rows(stack: Stack, jobs: int, finished: int, repeats: int) -> dict[
     """complete_and_claim(100) jobs/s (one process) with an empty history, then with `finished`
     finished jobs kept: a tenth as dead letters in pgqueue.job_history, the rest done in
     pgqueue.done_batches, vacuumed and analyzed as autovacuum leaves tables at rest. Also the
-    calls' own cost per job, which the history's size could slow down."""
+    calls' own cost per job, which the history's size could slow down. Once with the jobs
+    stored as enqueue_many() stores them, then (figures prefixed `rows_`) a row each; each
+    storage is compared with itself, or the ratio would also compare two storages."""
+    figures = _finished_rows(stack, jobs, finished, repeats, as_rows=False)
+    rows = _finished_rows(stack, jobs, finished, repeats, as_rows=True)
+    return figures | {f"rows_{figure}": values for figure, values in rows.items()}
+
+
+def _finished_rows(
+    stack: Stack, jobs: int, finished: int, repeats: int, as_rows: bool
+) -> dict[str, list[float]]:
     empty, empty_call = [], []
     for _ in range(repeats):
-        reset(stack, queued=jobs)
+        reset(stack, queued=jobs, as_rows=as_rows)
         rate, call_us = run_claimers(stack.dsn(), jobs, 1, _hot_loop)
         empty.append(rate)
         empty_call.append(call_us)
@@ -635,12 +651,8 @@ def finished_rows(stack: Stack, jobs: int, finished: int, repeats: int) -> dict[
     for _ in range(repeats):
         with stack.cluster.connect(autocommit=True) as conn:
             # the previous repeat's jobs are in the history now too
-            conn.execute(
-                f"insert into {S}.jobs (kind, payload) "
-                f"select 'noop', jsonb_build_object('n', n) from generate_series(1, %s) as n",
-                (jobs,),
-            )
-            conn.execute(f"vacuum analyze {S}.jobs, {S}.job_history, {S}.done_batches")
+            enqueue_noop(conn, jobs, as_rows)
+            conn.execute(f"vacuum analyze {', '.join(state_tables(conn))}")
         wait_idle_autovacuum(stack)
         rate, call_us = run_claimers(stack.dsn(), jobs, 1, _hot_loop)
         full.append(rate)
