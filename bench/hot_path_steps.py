@@ -52,10 +52,17 @@ from typing import Any
 
 import psycopg
 
-from .peers import PGMQ_QUEUE, PGMQ_VT, PGMQ_WARM_UP, pgmq_reset
+from .peers import (
+    PGMQ_QUEUE,
+    PGMQ_READ,
+    PGMQ_VT,
+    pgmq_finish,
+    pgmq_ids,
+    pgmq_reset,
+    pgmq_warm_up,
+)
 from .queue_sql import (
     CLAIM_BATCH,
-    array_literal,
     backend_cpu_s,
     completion_literals,
     state_tables,
@@ -363,22 +370,21 @@ class CompleteAndClaim:
 
 
 class Pgmq:
-    read = "select msg_id from pgmq.read(%s, %s, %s)"
-    delete = "select count(*) from pgmq.delete(%s, %s::bigint[])"
+    delete = pgmq_finish("delete")
 
     def warm_up(self, conn: psycopg.Connection) -> None:
-        conn.execute(self.read, (PGMQ_WARM_UP, PGMQ_VT, CLAIM_BATCH), prepare=True).fetchall()
-        conn.execute(self.delete, (PGMQ_WARM_UP, "{}"), prepare=True).fetchone()
+        pgmq_warm_up(conn)
 
     def drain(self, conn: psycopg.Connection) -> Drained:
         drained = Drained()
         while True:
-            rows = conn.execute(self.read, (PGMQ_QUEUE, PGMQ_VT, CLAIM_BATCH), prepare=True)
-            ids = [msg_id for (msg_id,) in rows.fetchall()]
-            if not ids:
+            rows = conn.execute(
+                PGMQ_READ, (PGMQ_QUEUE, PGMQ_VT, CLAIM_BATCH), prepare=True
+            ).fetchall()
+            if not rows:
                 return drained
             drained.batches += 1
-            conn.execute(self.delete, (PGMQ_QUEUE, array_literal(ids)), prepare=True).fetchone()
+            conn.execute(self.delete, (PGMQ_QUEUE, pgmq_ids(rows)), prepare=True).fetchone()
 
 
 def _table_counts(conn: psycopg.Connection, tables: list[str]) -> dict[str, tuple[int, ...]]:

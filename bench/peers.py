@@ -122,6 +122,24 @@ PEERS = {"pgqueuer": pgqueuer, "procrastinate": procrastinate}
 PGMQ_QUEUE = "bench"  # a logged queue: its tables pgmq.q_bench and pgmq.a_bench
 PGMQ_WARM_UP = "warm_up"  # an empty queue the drains warm up on
 PGMQ_VT = 30  # seconds a read message stays invisible, as pgmq's docs read it
+# every pgmq claimer's read(queue, vt, batch), and its delete or archive of the ids read (one
+# array literal, as our claimers send theirs), which returns the count it finished
+PGMQ_READ = "select msg_id from pgmq.read(%s, %s, %s)"
+
+
+def pgmq_finish(finish: str = "delete") -> str:
+    return f"select count(*) from pgmq.{finish}(%s, %s::bigint[])"
+
+
+def pgmq_warm_up(conn: psycopg.Connection, finish: str = "delete") -> None:
+    """Warm up on a queue nobody sends to: the statements prepared, the functions compiled."""
+    conn.execute(PGMQ_READ, (PGMQ_WARM_UP, PGMQ_VT, CLAIM_BATCH), prepare=True).fetchall()
+    conn.execute(pgmq_finish(finish), (PGMQ_WARM_UP, "{}"), prepare=True).fetchone()
+
+
+def pgmq_ids(rows: list[tuple[int]]) -> str:
+    """The ids a read returned, as the array literal its delete or archive takes."""
+    return array_literal([msg_id for (msg_id,) in rows])
 
 
 def pgmq_reset(stack: Stack, queued: int = 0) -> None:
@@ -196,21 +214,20 @@ def _pgmq_loop(dsn: str, name: str, go: EventType, out: multiprocessing.Queue, f
     """queue_sql._claim_loop's counterpart: read(q, 30, 100), then delete or archive the ids
     read, each call its own transaction, until read returns nothing."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        read = "select msg_id from pgmq.read(%s, %s, %s)"
-        done_with = f"select count(*) from pgmq.{finish}(%s, %s::bigint[])"
-        # Warm up on a queue nobody sends to: statements prepared, the functions compiled.
-        conn.execute(read, (PGMQ_WARM_UP, PGMQ_VT, CLAIM_BATCH), prepare=True).fetchall()
-        conn.execute(done_with, (PGMQ_WARM_UP, "{}"), prepare=True)
+        done_with = pgmq_finish(finish)
+        pgmq_warm_up(conn, finish)
         go.wait()
         done = 0
         reading = 0.0  # time spent in read() calls, commits included
         while True:
             began = time.perf_counter()
-            rows = conn.execute(read, (PGMQ_QUEUE, PGMQ_VT, CLAIM_BATCH), prepare=True).fetchall()
+            rows = conn.execute(
+                PGMQ_READ, (PGMQ_QUEUE, PGMQ_VT, CLAIM_BATCH), prepare=True
+            ).fetchall()
             reading += time.perf_counter() - began
             if not rows:
                 break
-            ids = array_literal([msg_id for (msg_id,) in rows])
+            ids = pgmq_ids(rows)
             done += conn.execute(done_with, (PGMQ_QUEUE, ids), prepare=True).fetchone()[0]
         out.put((done, time.perf_counter(), reading))
 
@@ -248,16 +265,13 @@ def _pgmq_send(conn: psycopg.Connection, payloads: list[dict]) -> None:
 
 def _pgmq_claimer(conn: psycopg.Connection, batch: int = CLAIM_BATCH) -> ChurnStep:
     """read(q, 30, batch), then delete the ids read, as _pgmq_loop does."""
-    read = "select msg_id from pgmq.read(%s, %s, %s)"
-    delete = "select count(*) from pgmq.delete(%s, %s::bigint[])"
-    conn.execute(read, (PGMQ_WARM_UP, PGMQ_VT, CLAIM_BATCH), prepare=True).fetchall()
-    conn.execute(delete, (PGMQ_WARM_UP, "{}"), prepare=True)
+    delete = pgmq_finish("delete")
+    pgmq_warm_up(conn)
 
     def step(conn: psycopg.Connection) -> int:
-        rows = conn.execute(read, (PGMQ_QUEUE, PGMQ_VT, batch), prepare=True).fetchall()
+        rows = conn.execute(PGMQ_READ, (PGMQ_QUEUE, PGMQ_VT, batch), prepare=True).fetchall()
         if rows:
-            ids = array_literal([msg_id for (msg_id,) in rows])
-            conn.execute(delete, (PGMQ_QUEUE, ids), prepare=True)
+            conn.execute(delete, (PGMQ_QUEUE, pgmq_ids(rows)), prepare=True)
         return len(rows)
 
     return step
