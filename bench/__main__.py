@@ -140,7 +140,9 @@ def wakeup_scenarios(
 def scenarios(sizes: Sizes) -> dict[str, Callable[[Stack], Figures]]:
     """The SQL-level and peer scenarios, by name, in the order they run within a repeat."""
     return {
-        "commit_latency": lambda s: queue_sql.commit_latency(s, samples=200),
+        "commit_latency": lambda s: queue_sql.commit_latency(
+            s, samples=200, idle_samples=5, idle_s=sizes.isolated_every
+        ),
         "enqueue_many": lambda s: queue_sql.enqueue_many(s, sizes.enqueue_jobs),
         "pgmq_send_batch": lambda s: peers.pgmq_send_batch(s, sizes.enqueue_jobs),
         **{
