@@ -50,7 +50,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import psycopg
+import yaml
 
 from .peers import (
     PGMQ_QUEUE,
@@ -68,14 +70,16 @@ from .queue_sql import (
     state_tables,
 )
 from .report import RatioTarget
-from .stack import SCHEMA, Stack, wait_idle_autovacuum
+from .stack import REPO, SCHEMA, Stack, wait_idle_autovacuum
 
 SQL = Path(__file__).with_name("hot_path_steps.sql")
 # The rendered project's hot-path migration, whose complete_and_claim() and tables the
 # scratch steps take, and the flow-control migration, whose complete_and_claim() step
 # flow_control runs.
-HOT_PATH_MIGRATION = "supabase/migrations/*_pgqueue_hot_path.sql"
-FLOW_CONTROL_MIGRATION = "supabase/migrations/*_pgqueue_flow_control.sql"
+# The development steps between 0.1.0 and 1.0.0 that made the hot path, as 1.0.0's migration from
+# 0.1.0 still applies them (queue/1.0.0/from_0.1.0/).
+HOT_PATH_MIGRATION = "queue/1.0.0/from_0.1.0/03_hot_path.sql.jinja"
+FLOW_CONTROL_MIGRATION = "queue/1.0.0/from_0.1.0/04_flow_control.sql.jinja"
 # What of pgqueue the flow-control migration's complete_and_claim() may still name on a
 # scratch schema: read with nothing set (config, queues), or called only when a queue is
 # rate-limited or keyed, or a batch carries results (never in these drains).
@@ -236,14 +240,11 @@ def hot_path(project: Path) -> HotPath:
 COMPLETE_AND_CLAIM = rf"^create function {SCHEMA}\.complete_and_claim\(.*?^\$\$;"
 
 
-def _migration(project: Path, pattern: str) -> str:
-    found = sorted(project.glob(pattern))
-    if len(found) != 1:
-        raise RuntimeError(
-            f"expected one {pattern} in {project}, found {len(found)}: update "
-            "bench/hot_path_steps.py"
-        )
-    return found[0].read_text()
+def _migration(project: Path, step: str) -> str:
+    """A development step of the hot path, rendered for the project's answers."""
+    answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(REPO), keep_trailing_newline=True)
+    return env.get_template(step).render(answers)
 
 
 def _one(text: str, pattern: str) -> str:

@@ -14,10 +14,12 @@ import statistics
 import time
 from pathlib import Path
 
+import jinja2
 import psycopg
+import yaml
 
 from .queue_sql import CLAIM_BATCH, ENQUEUE_BATCH, percentile
-from .stack import SCHEMA, Stack
+from .stack import REPO, SCHEMA, Stack
 
 
 def _replace(sql: str, old: str, new: str) -> str:
@@ -82,9 +84,16 @@ PATCHES = {
 
 def _install(stack: Stack, project: Path) -> dict[str, str]:
     """Create every variant's schema; returns name -> schema."""
-    migrations = sorted((project / "supabase" / "migrations").glob("*.sql"))
-    # The schema and functions; not the sweeper's pg_cron schedule (a variant needs no sweeps).
-    sql = "\n".join(p.read_text() for p in migrations)
+    # 0.1.0's schema and functions, which these variants were written against (its four
+    # migrations, rendered for the project's answers); not the sweeper's pg_cron schedule.
+    answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(REPO), keep_trailing_newline=True)
+    sources = sorted(
+        (REPO / "template/supabase/migrations").glob("*20261202*_pgqueue_*"), key=lambda p: p.name
+    )
+    sql = "\n".join(
+        env.get_template(p.relative_to(REPO).as_posix()).render(answers) for p in sources
+    )
     sql = sql.split("create extension if not exists pg_cron")[0]
     template = sql.replace(f"{SCHEMA}.", "{s}.").replace(f"schema {SCHEMA}", "schema {s}")
     template = template.replace(f"if not exists {SCHEMA};", "if not exists {s};")

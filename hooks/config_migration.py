@@ -2,8 +2,8 @@
 database changed, add a migration that applies the new value.
 
 The queue's run-time configuration lives in the `<schema>.config` table, seeded by the
-`..._pgqueue_config.sql` migration. Each migration that sets configuration says which values
-it set on one line:
+project's first queue migration (the release baseline, or 1.0.0's step from 0.1.0). Each
+migration that sets configuration says which values it set on one line:
 
     -- pgqueue-template config: {"lease_seconds": 600}
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -65,14 +66,26 @@ def migration_sql(schema: str, changes: dict[str, object]) -> str:
     )
 
 
+def in_git_work_tree() -> bool:
+    """Whether this is the project itself: `copier update` needs it in git, and runs the task
+    again in scratch renders of the new release (no git there), which have nothing to apply."""
+    probe = subprocess.run(
+        ["git", "rev-parse", "--is-inside-work-tree"], capture_output=True, text=True
+    )
+    return probe.returncode == 0 and probe.stdout.strip() == "true"
+
+
 def main(schema: str, answers_json: str, now: datetime | None = None) -> Path | None:
+    if not in_git_work_tree():
+        return None
     answers: dict[str, object] = json.loads(answers_json)
     state = configured(MIGRATIONS)
     if state is None:
         print(
             f"pgqueue-template: no migration in {MIGRATIONS} seeds the queue's configuration "
-            "(the ..._pgqueue_config.sql file is missing), so changed answers cannot be applied "
-            "to the database: restore that file from the template and run `copier update` again.",
+            "(a line starting with `-- pgqueue-template config:`; the first queue migration has "
+            "it), so changed answers cannot be applied to the database: restore that migration "
+            "from the template and run `copier update` again.",
             file=sys.stderr,
         )
         return None

@@ -101,6 +101,12 @@ def release_refs(repo: Path = REPO) -> list[str]:
     return refs
 
 
+def release_version(ref: str) -> str:
+    """The release a ref of release_refs() names: v1.2.3 is 1.2.3, commit 70dac05 is 0.1.0.
+    It is what a project created from that release records as its queue baseline."""
+    return ref.removeprefix("v") if ref.startswith("v") else "0.1.0"
+
+
 def questions() -> dict:
     """copier.yml's questions (settings starting with _ left out)."""
     data = yaml.safe_load((REPO / "copier.yml").read_text())

@@ -1,4 +1,4 @@
-"""Jobs enqueued together stored as one row (migration 20261203000017): which calls take the
+"""Jobs enqueued together stored as one row (job_batches): which calls take the
 batch path, how claims take slices merged with the rows of pgqueue.jobs in claim order, and
 every reader of queued jobs seeing them one by one."""
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from testkit.project import render
 from tests.support.residue import RELEASED_MIGRATIONS, residue
 
 GOOD_README = "# App\n\nSome text.\n\n## Part\n\n```sh\nrun it\n```\n\nMore text.\n"
@@ -62,14 +63,15 @@ def test_clean_files_are_not_reported(tmp_path: Path) -> None:
     assert residue(tmp_path) == []
 
 
-def test_only_the_released_migrations_are_exempt(template: Path, project: Path) -> None:
-    """The default (python) project's released wake-up migration keeps its
+def test_only_the_released_migrations_are_exempt(template: Path, tmp_path: Path) -> None:
+    """A default (python) project created at 0.1.0 keeps its released wake-up migration's
     `nullif('', '')`: exempt by name, and reported under any other name."""
+    project = render(template, tmp_path / "app", queue_baseline="0.1.0")
     [wakeup] = (project / "supabase" / "migrations").glob("*_pgqueue_wakeup.sql")
     assert f"supabase/migrations/{wakeup.name}" in RELEASED_MIGRATIONS
     assert "nullif('', '')" in wakeup.read_text()
     assert not [f for f in residue(project) if "migrations/" in f]
-    copy = project.parent / "copy"
+    copy = tmp_path / "copy"
     renamed = copy / "supabase/migrations/20270101000000_pgqueue_wakeup.sql"
     renamed.parent.mkdir(parents=True)
     renamed.write_text(wakeup.read_text())

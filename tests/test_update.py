@@ -24,6 +24,7 @@ from testkit.project import (
     commit_everything,
     push_migrations,
     release_refs,
+    release_version,
     render,
     rendered_files,
     run,
@@ -33,7 +34,12 @@ from testkit.project import (
     update,
 )
 from testkit.stack import start_supabase_like_cluster
+from tests.support.releases import EMAIL, RELEASE_ANSWERS, fill_queue
 
+# The migration a new project's queue starts from (each table, view and function once).
+BASELINE = "20261206000000_pgqueue_1_0_0.sql"
+# What a project created at 0.1.0 gets instead: the step from 0.1.0's queue to 1.0.0's.
+UPGRADE = "20261206000000_pgqueue_1_0_0_from_0_1_0.sql"
 GIT = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com"]
 MIGRATIONS = "template/supabase/migrations"
 
@@ -43,9 +49,6 @@ alter table {{ queue_schema }}.jobs add column region text not null default 'eu'
 create index jobs_region_idx on {{ queue_schema }}.jobs (region) where status = 'queued';
 """
 USER_MIGRATION = "create table public.orders (id bigint primary key, email text not null);\n"
-
-
-EMAIL = {"kind": "send_email", "payload": {"to": "a@example.com", "subject": "s", "text": "t"}}
 
 
 @contextlib.contextmanager
@@ -105,7 +108,7 @@ def test_copy_is_refused_without_trust_and_works_without_tasks(
         copier.run_copy(
             str(template), str(tmp_path / "app"), defaults=True, vcs_ref="HEAD", skip_tasks=True
         )
-    assert (tmp_path / "app" / "supabase/migrations/20261203000000_pgqueue_config.sql").exists()
+    assert (tmp_path / "app" / "supabase/migrations" / BASELINE).exists()
 
 
 @pytest.fixture
@@ -170,7 +173,13 @@ def test_update_keeps_user_edits_and_jobs_and_applies_the_new_migration(
         assert "(stub, edited by us)" in handler.read_text()
         assert user_migration.read_text() == USER_MIGRATION
         assert "# release 1.1.0 was here" in (project / "supabase/config.toml").read_text()
-        assert (project / "supabase/migrations/20270101000000_pgqueue_job_region.sql").exists()
+        # the release's one migration added to the baseline the project started from
+        assert sorted(p.name for p in (project / "supabase/migrations").iterdir()) == [
+            "20261206000000_pgqueue_1_0_0.sql",
+            "20261215000000_orders.sql",
+            "20270101000000_pgqueue_job_region.sql",
+        ]
+        assert "_queue_baseline: 1.0.0" in (project / ".copier-answers.yml").read_text()
         assert "_commit: v1.1.0" in (project / ".copier-answers.yml").read_text()
 
         supabase(project, "migration", "up", "--db-url", cluster.url())
@@ -213,30 +222,6 @@ def test_update_to_another_transport_renders_the_new_variant(
 
 # --- The release rule, and updates from the release on a live database ---------------------
 
-# Answer sets the release is rendered with: every worker style, both transports, and every
-# answer that reaches a migration set away from its default.
-RELEASE_ANSWERS = {
-    "defaults": {},
-    "python-postgres-custom": {
-        "claim_transport": "postgres",
-        "queue_schema": "background",
-        "worker_url": "",
-        "max_attempts": 2,
-        "retention_days": 1,
-    },
-    "python-http-custom": {
-        "worker_style": "python-http",
-        "claim_transport": "postgres",
-        "worker_url": "https://worker.example.com/wake",
-        "worker_url_setting": "app.wake_url",
-        "service_key_setting": "app.wake_key",
-        "max_attempts": 9,
-        "lease_seconds": 45,
-        "retention_days": 3,
-        "sweep_schedule": "*/5 * * * *",
-    },
-    "edge": {"worker_style": "edge", "edge_function_name": "runner", "lease_seconds": 600},
-}
 RELEASES = release_refs()
 MIGRATIONS_DIR = "supabase/migrations"
 
@@ -270,7 +255,9 @@ def test_released_migrations_render_byte_identical_at_head(
     history: Path, tmp_path: Path, ref: str, answers: dict
 ) -> None:
     release = render_at(history, ref, tmp_path / "release", answers)
-    head = render_at(history, "HEAD", tmp_path / "head", answers)
+    # HEAD as it renders for a project created at that release (copier update does the same)
+    baseline = {"queue_baseline": release_version(ref)}
+    head = render_at(history, "HEAD", tmp_path / "head", answers | baseline)
     assert list((release / MIGRATIONS_DIR).glob("*.sql")), f"{ref} rendered no migration"
     assert released_migration_changes(release, head) == []
 
@@ -283,12 +270,13 @@ def test_the_release_rule_fails_when_a_released_migration_is_edited(
     edited = snapshot_template(tmp_path / "edited")
     sources = edited / "template" / MIGRATIONS_DIR
     # a change no reader would notice: one more space in the first released migration
-    (first,) = sources.glob(f"{released[0].name}*")
+    (first,) = sources.glob(f"*{released[0].name}*")
     first.write_text(first.read_text().replace("create table", "create  table", 1))
-    (last,) = sources.glob(f"{released[-1].name}*")
+    (last,) = sources.glob(f"*{released[-1].name}*")
     last.unlink()
     commit_everything(edited, "edit released migrations")
-    head = render_at(edited, "HEAD", tmp_path / "head", {})
+    baseline = {"queue_baseline": release_version(RELEASES[-1])}
+    head = render_at(edited, "HEAD", tmp_path / "head", baseline)
     assert released_migration_changes(release, head) == [
         f"{released[0].name}: released, rendered differently at HEAD",
         f"{released[-1].name}: released, missing at HEAD",
@@ -339,30 +327,6 @@ def assert_database_follows_answers(db, project: Path) -> None:
     db.execute(f"delete from {schema}.jobs where kind = 'config-probe'")
 
 
-def fill_queue(db, schema: str) -> dict[str, list]:
-    """Jobs in every state, made with the release's own functions (and the running job's
-    lock token)."""
-    queued = [i for (i,) in db.execute(f"select {schema}.enqueue_many(%s)", (Jsonb([EMAIL] * 3),))]
-    ids = {"queued": queued}
-    for state in ("running", "failed", "done"):
-        (job_id,) = db.execute(
-            f"select {schema}.enqueue(%s, max_attempts => 1, idempotency_key => %s)",
-            (state, f"release-{state}"),
-        ).fetchone()
-        (token,) = db.execute(
-            f"select lock_token from {schema}.claim('release-worker', kinds => array[%s])",
-            (state,),
-        ).fetchone()
-        if state == "failed":
-            db.execute(f"select {schema}.fail(%s, %s, 'boom')", (job_id, token))
-        elif state == "done":
-            db.execute(f"select {schema}.complete(%s, %s)", (job_id, token))
-        else:
-            ids["running_token"] = [token]
-        ids[state] = [job_id]
-    return ids
-
-
 # (answers at the release, answers changed by the update)
 UPGRADES = {
     "defaults-answers-changed": (
@@ -410,6 +374,10 @@ def test_a_project_from_the_release_updates_to_head_with_its_live_jobs(
         assert not [p for p in files if p.suffix == ".rej"]
         for name, content in released.items():
             assert (project / MIGRATIONS_DIR / name).read_bytes() == content, name
+        # one migration for the release, never the baseline of a new project
+        added = {p.name for p in (project / MIGRATIONS_DIR).glob("*.sql")} - set(released)
+        assert {n for n in added if not n.endswith("_pgqueue_config.sql")} == {UPGRADE}
+        assert "_queue_baseline: 0.1.0" in (project / ".copier-answers.yml").read_text()
         supabase(project, "migration", "up", "--db-url", cluster.url())
 
         with cluster.connect(autocommit=True) as db:

@@ -1,0 +1,54 @@
+"""A queue's schema as the database holds it, to compare two projects: every table, column,
+index, constraint, function, view, trigger, comment, grant and policy of the queue's schema
+(pg_dump, schema only) and the queue's pg_cron jobs, split into one entry per object."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+from testkit.cluster import PG_BIN, Cluster
+
+# pg_dump starts each object with a comment naming it:
+#   -- Name: backoff(integer); Type: FUNCTION; Schema: pgqueue; Owner: postgres
+HEADER = re.compile(r"^-- Name: (.+?); Type: (.+?); Schema: .*$", re.MULTILINE)
+
+
+def queue_schema(cluster: Cluster, schema: str) -> dict[str, str]:
+    """{"FUNCTION backoff(integer)": its definition, ...}, and the cron jobs under "CRON"."""
+    dump = subprocess.run(
+        [PG_BIN / "pg_dump", "--schema-only", "--schema", schema, cluster.dsn()],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    # pg_dump 15.14+ brackets its output in \restrict lines with a random key
+    dump = re.sub(r"^\\(un)?restrict .*$", "", dump, flags=re.MULTILINE)
+    headers = list(HEADER.finditer(dump))
+    objects = {}
+    for header, after in zip(headers, [*headers[1:], None], strict=True):
+        body = dump[header.end() : after.start() if after else len(dump)]
+        key = f"{header.group(2)} {header.group(1)}"
+        assert key not in objects, f"two objects named {key}"
+        objects[key] = "\n".join(line for line in body.splitlines() if line.strip("- "))
+    with cluster.connect() as conn:
+        jobs = conn.execute(
+            "select jobname, schedule, command, database, username from cron.job"
+            " where jobname like %s order by jobname",
+            (f"{schema}-%",),
+        ).fetchall()
+    objects["CRON"] = repr(jobs)
+    return objects
+
+
+def differences(a: dict[str, str], b: dict[str, str]) -> list[str]:
+    """The objects that only one side has, or that the two define differently."""
+
+    def how(name: str) -> str:
+        if name not in b:
+            return "only in the first"
+        return "only in the second" if name not in a else "differs"
+
+    return sorted(
+        f"{name}: {how(name)}" for name in a.keys() | b.keys() if a.get(name) != b.get(name)
+    )

@@ -1,0 +1,124 @@
+"""Release 1.0.0's queue: a new project starts from one baseline migration in which every table,
+view and function is defined once, and a project created at 0.1.0 that `copier update`s to it
+with live jobs ends with the same schema (docs/maintainers/releases.md)."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from testkit.cluster import Cluster
+from testkit.project import (
+    VARIANTS,
+    Variant,
+    commit_everything,
+    push_migrations,
+    release_refs,
+    render,
+    run,
+    snapshot_with_history,
+    supabase,
+    update,
+)
+from testkit.stack import start_supabase_like_cluster
+from tests.support.releases import RELEASE_ANSWERS, fill_queue
+from tests.support.schema import differences, queue_schema
+
+MIGRATIONS = "supabase/migrations"
+BASELINE = "20261206000000_pgqueue_1_0_0.sql"
+# `create [or replace] <kind> [if not exists] <schema>.<name>`, and `create trigger <name>`
+DEFINITION = re.compile(
+    r"^create (?:or replace )?(function|view|table|type|(?:unique )?index|trigger)"
+    r"\s+(?:if not exists\s+)?([\w.]+)",
+    re.MULTILINE | re.IGNORECASE,
+)
+OLDEST = release_refs()[0]  # 0.1.0
+
+
+def definitions(sql: str) -> Counter[str]:
+    return Counter(f"{kind.lower()} {name}" for kind, name in DEFINITION.findall(sql))
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
+def test_a_new_project_defines_each_queue_object_once(
+    template: Path, tmp_path: Path, variant: Variant
+) -> None:
+    project = render(template, tmp_path / "app", **variant.answers)
+    migrations = sorted(p.name for p in (project / MIGRATIONS).iterdir())
+    assert migrations == [BASELINE]
+    counts = definitions((project / MIGRATIONS / BASELINE).read_text())
+    assert {name: n for name, n in counts.items() if n > 1} == {}
+    # what the count reads: every kind of object, the hot path among them
+    assert {"table pgqueue.jobs", "function pgqueue.complete_and_claim", "view pgqueue.stats",
+            "type pgqueue.claimed_job", "trigger jobs_wake_workers"} <= set(counts)  # fmt: skip
+    assert len([n for n in counts if n.startswith("function ")]) == 46
+
+
+def test_the_count_finds_an_object_defined_twice() -> None:
+    sql = "create table s.jobs (id int);\ncreate or replace function s.f() ...;\n" * 2
+    assert definitions(sql) == {"table s.jobs": 2, "function s.f": 2}
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This repo's history with the working tree on top: the releases and HEAD side by side."""
+    return snapshot_with_history(tmp_path_factory.mktemp("history") / "template")
+
+
+def fresh_schema(history: Path, tmp_path: Path, answers: dict) -> dict[str, str]:
+    project = render(history, tmp_path / "fresh", vcs_ref="HEAD", **answers)
+    return pushed_schema(project, answers)
+
+
+def pushed_schema(project: Path, answers: dict) -> dict[str, str]:
+    cluster = start_supabase_like_cluster()
+    try:
+        push_migrations(project, cluster.url())
+        return queue_schema(cluster, answers.get("queue_schema", "pgqueue"))
+    finally:
+        cluster.destroy()
+
+
+def upgraded_schema(history: Path, tmp_path: Path, answers: dict) -> dict[str, str]:
+    """A project created at 0.1.0, its queue holding jobs in every state, updated to HEAD."""
+    schema = answers.get("queue_schema", "pgqueue")
+    project = render(history, tmp_path / "upgraded", vcs_ref=OLDEST, **answers)
+    run(["git", "init", "-q", "-b", "main"], cwd=project)
+    commit_everything(project, "generated at 0.1.0")
+    cluster: Cluster = start_supabase_like_cluster()
+    try:
+        push_migrations(project, cluster.url())
+        with cluster.connect(autocommit=True) as db:
+            fill_queue(db, schema)
+        update(project, "HEAD")
+        supabase(project, "migration", "up", "--db-url", cluster.url())
+        return queue_schema(cluster, schema)
+    finally:
+        cluster.destroy()
+
+
+@pytest.mark.parametrize("answers", RELEASE_ANSWERS.values(), ids=RELEASE_ANSWERS)
+def test_a_project_updated_from_0_1_0_has_the_schema_of_a_new_one(
+    history: Path, tmp_path: Path, answers: dict
+) -> None:
+    fresh = fresh_schema(history, tmp_path, answers)
+    upgraded = upgraded_schema(history, tmp_path, answers)
+    assert len(fresh) > 100, "the dump holds the queue's objects"
+    assert differences(fresh, upgraded) == []
+
+
+def test_the_schema_comparison_names_a_function_changed_on_one_side(
+    history: Path, tmp_path: Path
+) -> None:
+    fresh = fresh_schema(history, tmp_path, {})
+    project = render(history, tmp_path / "changed", vcs_ref="HEAD")
+    baseline = project / MIGRATIONS / BASELINE
+    text = baseline.read_text()
+    # backoff()'s base delay, 5 s, becomes 6 s on this side only
+    changed = text.replace("5 * power(2,", "6 * power(2,", 1)
+    assert changed != text, "backoff() no longer reads as the test expects"
+    baseline.write_text(changed)
+    assert differences(fresh, pushed_schema(project, {})) == ["FUNCTION backoff(integer): differs"]
