@@ -50,9 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import psycopg
-import yaml
 
 from .peers import (
     PGMQ_QUEUE,
@@ -70,14 +68,13 @@ from .queue_sql import (
     state_tables,
 )
 from .report import RatioTarget
-from .stack import REPO, SCHEMA, Stack, wait_idle_autovacuum
+from .stack import SCHEMA, Stack, render_source, wait_idle_autovacuum
 
 SQL = Path(__file__).with_name("hot_path_steps.sql")
-# The rendered project's hot-path migration, whose complete_and_claim() and tables the
-# scratch steps take, and the flow-control migration, whose complete_and_claim() step
-# flow_control runs.
-# The development steps between 0.1.0 and 1.0.0 that made the hot path, as 1.0.0's migration from
-# 0.1.0 still applies them (queue/1.0.0/from_0.1.0/).
+# The development steps between 0.1.0 and 1.0.0 that made the hot path (1.0.0's migration from
+# 0.1.0 still applies them): the hot-path step, whose complete_and_claim() and tables the
+# scratch steps take, and the flow-control step, whose complete_and_claim() step flow_control
+# runs.
 HOT_PATH_MIGRATION = "queue/1.0.0/from_0.1.0/03_hot_path.sql.jinja"
 FLOW_CONTROL_MIGRATION = "queue/1.0.0/from_0.1.0/04_flow_control.sql.jinja"
 # What of pgqueue the flow-control migration's complete_and_claim() may still name on a
@@ -211,7 +208,7 @@ def hot_path(project: Path) -> HotPath:
     """The hot-path migration's complete_and_claim() and finished-job tables, from `project`'s
     rendered migrations: later migrations redefine the live function, so pgqueue's own is
     no longer the one to measure."""
-    text = _migration(project, HOT_PATH_MIGRATION)
+    text = render_source(project, HOT_PATH_MIGRATION)
     patterns = {
         "complete_and_claim": COMPLETE_AND_CLAIM,
         **{table: rf"^create table {SCHEMA}\.{table} \(.*?^\)[^;]*;" for table in HISTORY_TABLES},
@@ -223,7 +220,7 @@ def hot_path(project: Path) -> HotPath:
             rf"^create index \w+ on {SCHEMA}\.{table}\b[^;]*;", text, flags=re.MULTILINE
         )
         tables[table] = [statements[table], *indexes]
-    flow_text = _migration(project, FLOW_CONTROL_MIGRATION)
+    flow_text = render_source(project, FLOW_CONTROL_MIGRATION)
     flow_history = re.findall(
         rf"^alter table {SCHEMA}\.job_history\b.*?;", flow_text, flags=re.MULTILINE | re.DOTALL
     )
@@ -238,13 +235,6 @@ def hot_path(project: Path) -> HotPath:
 
 
 COMPLETE_AND_CLAIM = rf"^create function {SCHEMA}\.complete_and_claim\(.*?^\$\$;"
-
-
-def _migration(project: Path, step: str) -> str:
-    """A development step of the hot path, rendered for the project's answers."""
-    answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(REPO), keep_trailing_newline=True)
-    return env.get_template(step).render(answers)
 
 
 def _one(text: str, pattern: str) -> str:

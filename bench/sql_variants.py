@@ -14,12 +14,10 @@ import statistics
 import time
 from pathlib import Path
 
-import jinja2
 import psycopg
-import yaml
 
 from .queue_sql import CLAIM_BATCH, ENQUEUE_BATCH, percentile
-from .stack import REPO, SCHEMA, Stack
+from .stack import REPO, SCHEMA, Stack, render_source
 
 
 def _replace(sql: str, old: str, new: str) -> str:
@@ -86,14 +84,10 @@ def _install(stack: Stack, project: Path) -> dict[str, str]:
     """Create every variant's schema; returns name -> schema."""
     # 0.1.0's schema and functions, which these variants were written against (its four
     # migrations, rendered for the project's answers); not the sweeper's pg_cron schedule.
-    answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(REPO), keep_trailing_newline=True)
     sources = sorted(
         (REPO / "template/supabase/migrations").glob("*20261202*_pgqueue_*"), key=lambda p: p.name
     )
-    sql = "\n".join(
-        env.get_template(p.relative_to(REPO).as_posix()).render(answers) for p in sources
-    )
+    sql = "\n".join(render_source(project, p.relative_to(REPO).as_posix()) for p in sources)
     sql = sql.split("create extension if not exists pg_cron")[0]
     template = sql.replace(f"{SCHEMA}.", "{s}.").replace(f"schema {SCHEMA}", "schema {s}")
     template = template.replace(f"if not exists {SCHEMA};", "if not exists {s};")

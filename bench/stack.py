@@ -13,6 +13,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import jinja2
+import yaml
+
 from testkit.cluster import PG_BIN, Cluster
 
 REPO = Path(__file__).resolve().parents[1]
@@ -96,6 +99,14 @@ def start(transports: tuple[str, ...] = ("postgres", "supabase")) -> Stack:
         stack.destroy()
         raise
     return stack
+
+
+def render_source(project: Path, source: str) -> str:
+    """A file of the template repo (Jinja, e.g. a migration step under queue/) rendered with
+    `project`'s answers, for scenarios that measure SQL a new project no longer has."""
+    answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(REPO), keep_trailing_newline=True)
+    return env.get_template(source).render(answers)
 
 
 def differing_lines(a: Path, b: Path) -> list[str]:

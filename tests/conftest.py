@@ -17,7 +17,14 @@ from psycopg.types.json import Jsonb
 
 from testkit.cluster import Cluster
 from testkit.postgrest import PostgRESTStandIn, make_jwt
-from testkit.project import PYTHON_VARIANTS, Variant, push_migrations, render, snapshot_template
+from testkit.project import (
+    PYTHON_VARIANTS,
+    Variant,
+    push_migrations,
+    render,
+    snapshot_template,
+    snapshot_with_history,
+)
 from testkit.stack import start_supabase_like_cluster
 from tests.support.workers import Installed, install
 
@@ -26,6 +33,13 @@ from tests.support.workers import Installed, install
 def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The template repo as it is on disk, committed into a throwaway git repo."""
     return snapshot_template(tmp_path_factory.mktemp("template"))
+
+
+@pytest.fixture(scope="session")
+def history(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This repo's history with the working tree on top: the releases and HEAD side by side,
+    for `copier update` from a release."""
+    return snapshot_with_history(tmp_path_factory.mktemp("history") / "template")
 
 
 @pytest.fixture(scope="session")

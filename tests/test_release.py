@@ -19,7 +19,6 @@ from testkit.project import (
     release_refs,
     render,
     run,
-    snapshot_with_history,
     supabase,
     update,
 )
@@ -60,12 +59,6 @@ def test_a_new_project_defines_each_queue_object_once(
 def test_the_count_finds_an_object_defined_twice() -> None:
     sql = "create table s.jobs (id int);\ncreate or replace function s.f() ...;\n" * 2
     assert definitions(sql) == {"table s.jobs": 2, "function s.f": 2}
-
-
-@pytest.fixture(scope="module")
-def history(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """This repo's history with the working tree on top: the releases and HEAD side by side."""
-    return snapshot_with_history(tmp_path_factory.mktemp("history") / "template")
 
 
 def fresh_schema(history: Path, tmp_path: Path, answers: dict) -> dict[str, str]:
