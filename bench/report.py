@@ -210,7 +210,7 @@ def table(summary: dict[str, Any]) -> str:
 
 
 def markdown_table(summary: dict[str, Any]) -> str:
-    """The same table in Markdown, for docs/performance.md."""
+    """The same table in Markdown, for the full runs in docs/maintainers/performance-log.md."""
     head = "| scenario | figure | unit | median | min | max | " + " | ".join(
         f"x {peer}" for peer in PEERS
     )

@@ -4,7 +4,7 @@ Every variant is the rendered migrations applied again under a scratch schema of
 (`pgqueue` renamed), with one change made by text substitution or by SQL appended, so each
 is measured against an unchanged copy (`v_base`) on the same cluster in the same run, in
 alternating order. Nothing here changes the template: the winners are proposals for a new
-migration (see docs/performance.md).
+migration (see docs/maintainers/performance-log.md).
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ def variants(schema_sql: str) -> dict[str, tuple[str, str]]:
         "v_base": (schema_sql, ""),
         "v_no_finished_idx": (schema_sql, "drop index {s}.jobs_finished_idx;"),
         "v_no_wake_trigger": (schema_sql, "drop trigger jobs_wake_workers on {s}.jobs;"),
-        # claim() commits asynchronously: measured, and not adopted (docs/performance.md)
+        # claim() commits asynchronously: measured, and not adopted
+        # (docs/maintainers/performance-log.md, proposal 3)
         "v_claim_async_commit": (
             _replace_in_last(
                 schema_sql,

@@ -58,7 +58,8 @@ _GC_YOUNG_OBJECTS = 5000
 def run_until_complete(main: Coroutine[Any, Any, T]) -> T:
     """asyncio.run(main), on uvloop's event loop where uvloop is installed (a dependency on
     Linux and macOS; it has no Windows build): the worker schedules a task per job, and
-    uvloop's scheduling costs less of its CPU than asyncio's own loop (docs/performance.md).
+    uvloop's scheduling costs less of its CPU than asyncio's own loop (measured in
+    pgqueue-template's docs/maintainers/performance-log.md).
     The garbage collector is tuned for a long-running worker first (tune_garbage_collector)."""
     tune_garbage_collector()
     try:
@@ -77,7 +78,7 @@ def tune_garbage_collector() -> None:
     - the youngest generation is collected after _GC_YOUNG_OBJECTS new objects instead of
       Python's 700, so a busy worker collects about once a claim, not several times.
     Together they take about a sixth off the worker's own CPU time per job
-    (docs/performance.md)."""
+    (pgqueue-template's docs/maintainers/performance-log.md)."""
     gc.freeze()
     gc.set_threshold(_GC_YOUNG_OBJECTS, *gc.get_threshold()[1:])
 
