@@ -75,8 +75,8 @@ SQL = Path(__file__).with_name("hot_path_steps.sql")
 # 0.1.0 still applies them): the hot-path step, whose complete_and_claim() and tables the
 # scratch steps take, and the flow-control step, whose complete_and_claim() step flow_control
 # runs.
-HOT_PATH_MIGRATION = "queue/1.0.0/from_0.1.0/03_hot_path.sql.jinja"
-FLOW_CONTROL_MIGRATION = "queue/1.0.0/from_0.1.0/04_flow_control.sql.jinja"
+HOT_PATH_MIGRATION = "bench/development_steps/03_hot_path.sql.jinja"
+FLOW_CONTROL_MIGRATION = "bench/development_steps/04_flow_control.sql.jinja"
 # What of pgqueue the flow-control migration's complete_and_claim() may still name on a
 # scratch schema: read with nothing set (config, queues), or called only when a queue is
 # rate-limited or keyed, or a batch carries results (never in these drains).
