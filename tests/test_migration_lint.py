@@ -1,0 +1,205 @@
+"""squawk, the migration linter a generated project's pre-commit (and so its CI) runs, passes
+every queue migration a release adds, with the project's own `.squawk.toml`: a new project's
+baseline and the step from 0.1.0, for every variant. Release 0.1.0's four migrations are
+frozen (users have applied them) and excluded by that config."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import subprocess
+import sys
+import tomllib
+from importlib.metadata import version
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+import yaml
+
+from testkit.project import VARIANTS, Variant, render
+
+SQUAWK = Path(sys.executable).parent / "squawk"
+BASELINE = "20261206000000_pgqueue_1_0_0.sql"
+STEP = "20261206000000_pgqueue_1_0_0_from_0_1_0.sql"
+
+
+class Finding(NamedTuple):
+    file: str  # the migration's name
+    rule: str
+    line: str  # the line squawk points at, stripped
+
+
+# Findings squawk reports today that only a change to the queue's SQL (queue/1.0.0/) can
+# clear: either fix the statement or, where the finding is weighed and accepted, put
+# `-- squawk-ignore <rule>` with the reason on the line before it (squawk's unused-ignore rule
+# reports an ignore that no longer matches). Empty this list as they are fixed; the test
+# fails both on a new finding and on one listed here that is gone.
+KNOWN: list[Finding] = [
+    # No `set local lock_timeout` before the first statement that takes a lock (the Supabase
+    # CLI runs each migration in one transaction, so `set local` lasts exactly the migration).
+    Finding(BASELINE, "require-lock-timeout", "create schema if not exists pgqueue;"),
+    Finding(STEP, "require-lock-timeout", "comment on table pgqueue.config is"),
+    # The step changes the live jobs table of a project that has run 0.1.0 (finished jobs
+    # included, until the sweeper prunes them): an index dropped without CONCURRENTLY locks out
+    # every reader and writer while it goes, one built without it blocks enqueues and claims
+    # while it builds.
+    Finding(STEP, "require-concurrent-index-deletion", "drop index pgqueue.jobs_finished_idx;"),
+    Finding(STEP, "require-concurrent-index-deletion", "drop index pgqueue.jobs_lease_expiry_idx;"),
+    Finding(STEP, "require-concurrent-index-deletion", "drop index pgqueue.jobs_claim_idx;"),
+    Finding(
+        STEP,
+        "require-concurrent-index-creation",
+        "create index jobs_claim_idx on pgqueue.jobs (queue, priority desc, run_after, id);",
+    ),
+    Finding(
+        STEP,
+        "require-concurrent-index-creation",
+        "create index jobs_concurrency_idx on pgqueue.jobs",
+    ),
+    Finding(STEP, "require-concurrent-index-deletion", "drop index pgqueue.jobs_claim_idx;"),
+    Finding(
+        STEP,
+        "require-concurrent-index-creation",
+        "create index jobs_claim_idx on pgqueue.jobs (queue, priority desc, run_after, id)",
+    ),
+    # Constraints added to existing tables (jobs, job_history) without NOT VALID: each scans
+    # its table under an ACCESS EXCLUSIVE lock. The last: a VALIDATE in the same transaction as
+    # the NOT VALID add gains nothing, the lock is still held.
+    Finding(STEP, "constraint-missing-not-valid", "add constraint jobs_concurrency_key_check"),
+    Finding(
+        STEP,
+        "constraint-missing-not-valid",
+        "add constraint jobs_progress_size_check check (pg_column_size(progress) <= 65536);",
+    ),
+    Finding(STEP, "constraint-missing-not-valid", "add constraint jobs_queued_check"),
+    Finding(
+        STEP,
+        "constraint-missing-not-valid",
+        "alter table pgqueue.jobs validate constraint jobs_trace_context_check;",
+    ),
+    # Constraints and functions dropped: the step replaces them (a function whose signature
+    # changes cannot be `create or replace`d). squawk cannot know that no worker of the old
+    # release still calls what is gone, or relies on what a constraint guaranteed.
+    Finding(
+        STEP,
+        "ban-drop-constraint",
+        "alter table pgqueue.job_history drop constraint job_history_payload_check;",
+    ),
+    Finding(STEP, "ban-drop-constraint", "drop constraint jobs_status_check,"),
+    Finding(STEP, "ban-drop-constraint", "drop constraint jobs_lease_check,"),
+    Finding(STEP, "ban-drop-constraint", "drop constraint jobs_finished_check,"),
+    Finding(STEP, "ban-drop-constraint", "drop constraint jobs_trace_context_check,"),
+    Finding(
+        STEP,
+        "ban-drop-function",
+        "drop function pgqueue.complete_and_claim(text, bigint[], uuid[], integer, text[], text,"
+        " integer);",
+    ),
+    Finding(STEP, "ban-drop-function", "drop function pgqueue.complete(bigint, uuid);"),
+    Finding(
+        STEP,
+        "ban-drop-function",
+        "drop function pgqueue.enqueue(text, jsonb, timestamptz, text, text, integer, integer);",
+    ),
+    Finding(
+        STEP,
+        "ban-drop-function",
+        "drop function pgqueue.enqueue(text, jsonb, timestamptz, text, text, integer, integer,"
+        " text, text);",
+    ),
+]
+
+
+def squawk(project: Path, *files: str) -> list[Finding]:
+    """squawk run as the project's pre-commit hook runs it (in the project, which has its
+    .squawk.toml, on paths relative to it), its findings in reading order."""
+    assert (project / ".squawk.toml").is_file()
+    proc = subprocess.run(
+        [SQUAWK, "--reporter", "json", "--no-error-on-unmatched-pattern", *files],
+        cwd=project,
+        capture_output=True,
+        text=True,
+    )
+    reported = json.loads(proc.stdout or "[]")
+    assert proc.returncode == (1 if reported else 0), proc.stderr
+    return [
+        Finding(
+            Path(f["file"]).name,
+            f["rule_name"],
+            # squawk's json lines count from 0
+            (project / f["file"]).read_text().splitlines()[f["line"]].strip(),
+        )
+        for f in reported
+    ]
+
+
+def migrations(project: Path) -> list[str]:
+    return sorted(
+        p.relative_to(project).as_posix() for p in project.glob("supabase/migrations/*.sql")
+    )
+
+
+@pytest.mark.parametrize("baseline", ["1.0.0", "0.1.0"], ids=lambda b: f"from-{b}")
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
+def test_release_migrations_pass_squawk(
+    template: Path, tmp_path: Path, variant: Variant, baseline: str
+) -> None:
+    """A new project's baseline, and a 0.1.0 project's step to 1.0.0 (with 0.1.0's own four
+    migrations, which the config excludes): nothing but the KNOWN findings."""
+    project = render(template, tmp_path / "app", queue_baseline=baseline, **variant.answers)
+    files = migrations(project)
+    names = {Path(f).name for f in files}
+    assert (BASELINE in names) == (baseline == "1.0.0")
+    assert (STEP in names) == (baseline == "0.1.0")
+    found = squawk(project, *files)
+    assert sorted(found) == sorted(k for k in KNOWN if k.file in names)
+
+
+def test_squawk_flags_a_migration_that_locks_a_live_table(template: Path, tmp_path: Path) -> None:
+    """The config leaves the rules that matter on: an index built on the live jobs table
+    without CONCURRENTLY, and no lock_timeout, are reported; the same index on a table the
+    migration creates, after a lock_timeout, is not."""
+    project = render(template, tmp_path / "app")
+    bad = project / "supabase/migrations/20990101000000_jobs_by_kind.sql"
+    bad.write_text("create index jobs_kind_idx on pgqueue.jobs (kind);\n")
+    good = project / "supabase/migrations/20990101000001_notes.sql"
+    good.write_text(
+        "set local lock_timeout = '5s';\n"
+        "create table public.notes (id bigint generated always as identity primary key,"
+        " body text not null);\n"
+        "create index notes_body_idx on public.notes (body);\n"
+    )
+    assert sorted(squawk(project, bad.relative_to(project).as_posix())) == [
+        Finding(bad.name, "require-concurrent-index-creation", bad.read_text().strip()),
+        Finding(bad.name, "require-lock-timeout", bad.read_text().strip()),
+    ]
+    assert squawk(project, good.relative_to(project).as_posix()) == []
+
+
+def test_squawk_config_excludes_only_the_0_1_0_migrations(template: Path, tmp_path: Path) -> None:
+    """The excluded paths are exactly 0.1.0's four migrations, in a project that has them: no
+    later release's migration hides behind a pattern. A new project's config excludes none."""
+    old = render(template, tmp_path / "old", queue_baseline="0.1.0")
+    patterns = tomllib.loads((old / ".squawk.toml").read_text())["excluded_paths"]
+    excluded = [f for f in migrations(old) if any(fnmatch.fnmatchcase(f, p) for p in patterns)]
+    assert [Path(f).name for f in excluded] == [
+        "20261202000000_pgqueue_schema.sql",
+        "20261202000001_pgqueue_functions.sql",
+        "20261202000002_pgqueue_wakeup.sql",
+        "20261202000003_pgqueue_sweeper.sql",
+    ]
+    new = render(template, tmp_path / "new")
+    assert "excluded_paths" not in tomllib.loads((new / ".squawk.toml").read_text())
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
+def test_pre_commit_runs_the_squawk_these_tests_run(
+    template: Path, tmp_path: Path, variant: Variant
+) -> None:
+    project = render(template, tmp_path / "app", **variant.answers)
+    config = yaml.safe_load((project / ".pre-commit-config.yaml").read_text())
+    [hook] = [h for repo in config["repos"] for h in repo["hooks"] if h["id"] == "squawk"]
+    assert hook["additional_dependencies"] == [f"squawk-cli=={version('squawk-cli')}"]
+    assert hook["entry"].split()[0] == "squawk"
+    assert hook["files"] == r"^supabase/migrations/.*\.sql$"
