@@ -339,3 +339,53 @@ def test_a_0_1_0_project_takes_the_1_0_0_upgrade_under_load(
     assert problems == [], "\n".join(problems) + "".join(
         f"\n--- {w.log.name} (its last lines)\n{w.output()[-3000:]}" for w in started
     )
+
+
+def test_the_upgrade_gives_up_on_a_held_table_changes_nothing_and_lets_enqueues_through(
+    history: Path, tmp_path: Path
+) -> None:
+    """A transaction that holds the job table (here a reader left idle in its transaction)
+    keeps the 1.0.0 step from its lock: the push stops with a message that says what to do,
+    and changes nothing. Meanwhile enqueues get through between its tries (each waits at most
+    one try of 200 ms); once the holder is gone, the same push completes."""
+    project = render(
+        history, tmp_path / "app", vcs_ref=release_refs()[0], **PYTHON_POSTGRES.answers
+    )
+    run(["git", "init", "-q", "-b", "main"], cwd=project)
+    commit_everything(project, "generated at 0.1.0")
+    cluster = start_supabase_like_cluster()
+    producer = Producer(cluster.dsn())
+    try:
+        push_migrations(project, cluster.url())
+        update(project, "HEAD")
+        before = queue_schema(cluster, "pgqueue")
+        with cluster.connect() as holder:
+            holder.execute("select count(*) from pgqueue.jobs")  # ACCESS SHARE, kept open
+            producer.start()
+            push = subprocess.run(
+                [SUPABASE_CLI, "db", "push", "--db-url", cluster.url(), "--yes"],
+                cwd=project,
+                env={**os.environ, "DO_NOT_TRACK": "1"},
+                capture_output=True,
+                text=True,
+            )
+            producer.stop()
+            holder.rollback()
+        after = queue_schema(cluster, "pgqueue")
+        push_migrations(project, cluster.url())
+        with cluster.connect() as db:
+            (claims,) = db.execute("select to_regclass('pgqueue.claims') is not null").fetchone()
+    finally:
+        producer.stopping.set()
+        cluster.destroy()
+
+    output = push.stdout + push.stderr
+    assert push.returncode != 0
+    assert "could not lock pgqueue.jobs in 50 tries of 200 ms; nothing was changed" in output
+    assert "SQLSTATE 55P03" in output
+    assert "pg_stat_activity" in output, "the hint says where to look"
+    assert differences(before, after) == []
+    assert producer.errors == []
+    assert len(producer.calls) > 100, "the producer enqueued throughout the push's tries"
+    assert max(took for _, took in producer.calls) < 0.5
+    assert claims, "the push went through once the table was free"
