@@ -109,8 +109,19 @@ def test_a_retried_dead_letter_keeps_its_key(flow: psycopg.Connection) -> None:
         ("set_concurrency_limit(null, 1)", "set_concurrency_limit needs a concurrency key"),
         ("pause('')", "pause needs a queue name"),
         ("set_rate_limit('q', 0, 1)", "a rate limit needs per_second > 0 and burst >= 1"),
-        ("set_rate_limit('q', 'NaN', 1)", "a rate limit needs per_second > 0 and burst >= 1"),
+        ("set_rate_limit('q', 'NaN', 1)", "per_second must be more than 0 and at most 1000000"),
         ("enqueue('k', on_conflict => 'merge')", "on_conflict must be keep, replace or debounce"),
+        # odd input (issue 38, finding 9): refused with what is wrong, never a cast's error
+        ("set_rate_limit('q', 'NaN')", "per_second must be more than 0 and at most 1000000"),
+        ("set_rate_limit('q', 'Infinity')", "per_second must be more than 0 and at most 1000000"),
+        ("set_rate_limit('q', 1e30)", "per_second must be more than 0 and at most 1000000"),
+        ("set_rate_limit(repeat('q', 201), 1)", "a queue name is 1 to 200 characters"),
+        ("pause(repeat('q', 10000))", "a queue name is 1 to 200 characters"),
+        ("schedule('s', '* * * * *', repeat('k', 300))", "a job kind is 1 to 200 characters"),
+        (
+            "schedule('s', '* * * * *', 'k', queue => repeat('q', 201))",
+            "a queue name is 1 to 200 characters",
+        ),
     ],
 )
 def test_bad_settings_are_refused(flow: psycopg.Connection, call: str, message: str) -> None:

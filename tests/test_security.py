@@ -4,12 +4,14 @@ change what the queue's SECURITY DEFINER functions do."""
 from __future__ import annotations
 
 import re
+import subprocess
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import psycopg
 import pytest
 
+from testkit.cluster import Cluster
 from testkit.postgrest import JWT_SECRET
 from testkit.project import VARIANTS, Variant, render, rendered_files
 
@@ -103,3 +105,27 @@ def test_objects_planted_in_public_do_not_change_the_queue(db: psycopg.Connectio
             " public.pg_notify(text, text);"
             "drop table public.jobs"
         )
+
+
+def test_the_projects_pgtap_suite_fails_on_a_queue_function_public_may_execute(
+    project: Path, db: psycopg.Connection, stack: Cluster
+) -> None:
+    """PostgreSQL grants EXECUTE to PUBLIC on every new function, and no per-schema default
+    privilege can take that back (issue 38, finding 6). A function a later migration adds to
+    the queue schema without `revoke execute ... from public` fails the project's own pgTAP
+    suite, with the fix in its message."""
+    tests = sorted((project / "supabase/tests/database").glob("*.test.sql"))
+    db.execute("create function pgqueue.added_later() returns int language sql as 'select 1'")
+    try:
+        failed = subprocess.run(
+            ["pg_prove", "-d", stack.dsn(), *tests], capture_output=True, text=True
+        )
+        db.execute("revoke execute on function pgqueue.added_later() from public")
+        passed = subprocess.run(
+            ["pg_prove", "-d", stack.dsn(), *tests], capture_output=True, text=True
+        )
+    finally:
+        db.execute("drop function pgqueue.added_later()")
+    assert failed.returncode != 0
+    assert "revokes execute on it from public" in failed.stdout + failed.stderr
+    assert passed.returncode == 0, passed.stdout + passed.stderr

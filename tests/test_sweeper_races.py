@@ -1,0 +1,160 @@
+"""A call that ends a running job while the sweeper rescues the same job (its lease expired):
+the call waits for the sweep's transaction, and must then act on the job where the sweep put
+it, not report that there was nothing to do while the job goes on (issue 38, finding 5).
+
+Each test holds a sweep open in a transaction of its own (the claim row locked, the job
+requeued but not yet committed), starts the call on another connection, where it waits, then
+commits the sweep."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from testkit.cluster import Cluster
+
+
+def running_job(db: psycopg.Connection, max_attempts: int = 5) -> tuple[int, str]:
+    """A job claimed by a worker whose lease has run out."""
+    (job_id,) = db.execute(
+        "select pgqueue.enqueue('race.probe', max_attempts => %s)", (max_attempts,)
+    ).fetchone()
+    (token,) = db.execute(
+        "select lock_token::text from pgqueue.claim('late-worker', kinds => array['race.probe'])"
+    ).fetchone()
+    db.execute(
+        "update pgqueue.claims set locked_until = now() - interval '1 second'"
+        " where lock_token = %s",
+        (token,),
+    )
+    return job_id, token
+
+
+def during_a_sweep(stack: Cluster, call: Callable[[psycopg.Connection], Any]) -> Any:
+    """Runs `call` on a connection of its own while a sweep that has rescued the job is still
+    uncommitted; commits the sweep once the call waits on it. Returns what `call` returned."""
+    result: dict[str, Any] = {}
+    with stack.connect() as sweeper, stack.connect(autocommit=True) as caller:
+        (rescued,) = sweeper.execute(
+            "select rescued + dead_lettered from pgqueue.sweep()"
+        ).fetchone()
+        assert rescued == 1, "the sweep rescued the job (and holds it, uncommitted)"
+        pid = caller.info.backend_pid
+
+        def run() -> None:
+            try:
+                result["value"] = call(caller)
+            except Exception as exc:  # surfaced below, in the test's thread
+                result["error"] = exc
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        with stack.connect(autocommit=True) as watcher:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                (waiting,) = watcher.execute(
+                    "select wait_event_type = 'Lock' from pg_stat_activity where pid = %s", (pid,)
+                ).fetchone()
+                if waiting:
+                    break
+                time.sleep(0.01)
+            assert waiting, "the call waits on the sweep's lock"
+        sweeper.commit()
+        thread.join(10)
+        assert not thread.is_alive()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def where_is(db: psycopg.Connection, job_id: int) -> tuple[str, int] | None:
+    return db.execute(
+        "select status, attempts from pgqueue.all_jobs where id = %s", (job_id,)
+    ).fetchone()
+
+
+def test_cancel_that_waited_on_a_sweep_cancels_the_job_the_sweep_requeued(
+    stack: Cluster, db: psycopg.Connection
+) -> None:
+    job_id, _ = running_job(db)
+    cancelled = during_a_sweep(
+        stack, lambda c: c.execute("select pgqueue.cancel(%s)", (job_id,)).fetchone()[0]
+    )
+    assert cancelled is True
+    assert where_is(db, job_id) == ("cancelled", 1)
+    assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (0,)
+
+
+def test_fail_that_waited_on_a_sweep_records_the_workers_error_and_outcome(
+    stack: Cluster, db: psycopg.Connection
+) -> None:
+    """The worker said the job can never succeed; the sweep had put it back in the queue for
+    another attempt. The worker's word wins: dead-lettered, with its error."""
+    job_id, token = running_job(db)
+    status = during_a_sweep(
+        stack,
+        lambda c: c.execute(
+            "select pgqueue.fail(%s, %s, 'invalid payload', retryable => false)", (job_id, token)
+        ).fetchone()[0],
+    )
+    assert status == "failed"
+    assert where_is(db, job_id) == ("failed", 1)
+    (error,) = db.execute(
+        "select last_error from pgqueue.job_history where id = %s", (job_id,)
+    ).fetchone()
+    assert error == "invalid payload"
+
+
+def test_retryable_fail_that_waited_on_a_sweep_keeps_the_job_queued_with_the_workers_error(
+    stack: Cluster, db: psycopg.Connection
+) -> None:
+    job_id, token = running_job(db)
+    status = during_a_sweep(
+        stack,
+        lambda c: c.execute(
+            "select pgqueue.fail(%s, %s, 'upstream timed out')", (job_id, token)
+        ).fetchone()[0],
+    )
+    assert status == "queued"
+    assert where_is(db, job_id) == ("queued", 1)
+    (error,) = db.execute("select last_error from pgqueue.jobs where id = %s", (job_id,)).fetchone()
+    assert error == "upstream timed out"
+
+
+def test_release_that_waited_on_a_sweep_hands_the_job_back_uncounted_and_due_now(
+    stack: Cluster, db: psycopg.Connection
+) -> None:
+    job_id, token = running_job(db)
+    released = during_a_sweep(
+        stack,
+        lambda c: c.execute("select pgqueue.release(%s, %s)", (job_id, token)).fetchone()[0],
+    )
+    assert released is True
+    assert where_is(db, job_id) == ("queued", 0)
+    (due,) = db.execute(
+        "select run_after <= now() from pgqueue.jobs where id = %s", (job_id,)
+    ).fetchone()
+    assert due
+
+
+def test_a_late_call_after_the_job_was_claimed_again_is_still_refused(
+    stack: Cluster, db: psycopg.Connection
+) -> None:
+    """What the race fix must not do: act on a job another worker now runs. A fail() under a
+    token whose attempt the sweeper ended, after the job was claimed again, changes nothing."""
+    job_id, token = running_job(db)
+    db.execute("select pgqueue.sweep()")
+    db.execute("update pgqueue.jobs set run_after = now() where id = %s", (job_id,))
+    (new_token,) = db.execute(
+        "select lock_token::text from pgqueue.claim('next-worker', kinds => array['race.probe'])"
+    ).fetchone()
+    assert new_token != token
+    status = db.execute(
+        "select pgqueue.fail(%s, %s, 'too late', retryable => false)", (job_id, token)
+    ).fetchone()[0]
+    assert status is None
+    assert where_is(db, job_id) == ("running", 2)
