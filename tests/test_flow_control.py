@@ -15,7 +15,7 @@ from psycopg.types.json import Jsonb
 from testkit.cluster import Cluster
 from tests.support.jobs import job, job_by_id, running_of_key
 from tests.test_hot_path import claimers_drain, complete_and_claim
-from tests.test_queue import enqueue_n
+from tests.test_queue import AS_ROWS, enqueue_n
 
 # -- concurrency keys -------------------------------------------------------------------
 
@@ -302,6 +302,40 @@ def test_a_key_outlives_the_retention_for_the_key_window(flow: psycopg.Connectio
 
 
 # -- results and progress ---------------------------------------------------------------------
+
+
+def test_a_progress_report_writes_its_own_job_not_the_whole_claims(
+    flow: psycopg.Connection,
+) -> None:
+    """A claim of 50 jobs, each with about 50 KB of progress reported: one small report more
+    writes WAL for that job's report, not for all 2.5 MB of the claim's progress again (issue
+    38, finding 4: 50 small reports wrote 76 MB). Each job still reads its own progress, the
+    claim ends with it, and its reports go with it."""
+    db = flow
+    ids = enqueue_n(db, 50, **AS_ROWS)
+    batch = complete_and_claim(db, max_jobs=50)
+    token = batch[0]["lock_token"]
+    big = Jsonb({"log": [f"line {i:06d} " + "x" * 40 for i in range(1000)]})
+    for job_id in ids:
+        db.execute("select pgqueue.progress(%s, %s, %s)", (job_id, token, big))
+    db.execute("checkpoint")  # full-page images are written once after a checkpoint: not ours
+    db.execute("select pgqueue.progress(%s, %s, %s)", (ids[0], token, Jsonb({"warm": 1})))
+    (before,) = db.execute("select pg_current_wal_lsn()").fetchone()
+    for n in range(10):
+        db.execute("select pgqueue.progress(%s, %s, %s)", (ids[n], token, Jsonb({"done": n})))
+    (written,) = db.execute("select pg_current_wal_lsn() - %s::pg_lsn", (before,)).fetchone()
+    assert written < 100_000, f"10 small reports wrote {written} bytes of WAL"
+    assert job_by_id(db, ids[3])["progress"] == {"done": 3}
+    assert job_by_id(db, ids[20])["progress"] == big.obj
+    db.execute("select pgqueue.complete_many(%s, %s)", (ids[:2], [token, token]))
+    assert db.execute("select pgqueue.fail(%s, %s, 'x')", (ids[2], token)).fetchone() == ("queued",)
+    (requeued,) = db.execute(
+        "select progress from pgqueue.jobs where id = %s", (ids[2],)
+    ).fetchone()
+    assert requeued == {"done": 2}, "a requeued job keeps the progress it reported"
+    db.execute("select pgqueue.complete_many(%s, %s)", (ids[3:], [token] * 47))
+    assert db.execute("select count(*) from pgqueue.claims").fetchone() == (0,)
+    assert db.execute("select count(*) from pgqueue.job_progress").fetchone() == (0,)
 
 
 def test_results_and_progress_are_read_by_job_id(flow: psycopg.Connection) -> None:
