@@ -29,6 +29,7 @@ def start_supabase_like_cluster(*, pg_net: bool = True, **settings: str) -> Clus
     cluster = Cluster(**({"settings": settings} if settings else {})).init().start()
     with cluster.connect(autocommit=True) as conn:
         conn.execute((SQL / "supabase_baseline.sql").read_text())
+        conn.execute((SQL / "auth_functions.sql").read_text())
         lines = (SQL / "extensions.sql").read_text().splitlines()
         conn.execute(
             "\n".join(
