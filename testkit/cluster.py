@@ -60,10 +60,16 @@ def _as_postgres(cmd: list[str]) -> list[str]:
 
 @dataclass
 class Cluster:
-    """A PostgreSQL server on 127.0.0.1:<port> with trust auth for the superuser `postgres`."""
+    """A PostgreSQL server on 127.0.0.1:<port> with trust auth for every role.
+
+    `superuser` is the role initdb creates, which dsn() and connect() log in as unless told
+    otherwise: `postgres` on a plain cluster, `supabase_admin` on a hosted-shaped one
+    (testkit/hosted.py), where `postgres` is not a superuser. url(), what the Supabase CLI is
+    given, always logs in as `postgres`, as the CLI does on a hosted project."""
 
     settings: dict[str, str] = field(default_factory=lambda: dict(FAST_SETTINGS))
     port: int = field(default_factory=free_port)
+    superuser: str = "postgres"
     root: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -74,12 +80,13 @@ class Cluster:
             shutil.chown(self.root, "postgres", "postgres")
         self.root.chmod(0o755)
 
-    def dsn(self, dbname: str = "postgres", user: str = "postgres") -> str:
-        return f"postgresql://{user}@127.0.0.1:{self.port}/{dbname}"
+    def dsn(self, dbname: str = "postgres", user: str | None = None) -> str:
+        return f"postgresql://{user or self.superuser}@127.0.0.1:{self.port}/{dbname}"
 
-    def url(self, dbname: str = "postgres") -> str:
-        """The connection URL the Supabase CLI wants (no TLS on a local server)."""
-        return f"{self.dsn(dbname)}?sslmode=disable"
+    def url(self, dbname: str = "postgres", user: str = "postgres") -> str:
+        """The connection URL the Supabase CLI wants: as `postgres`, the role `supabase db push`
+        logs in as on a hosted project too, and no TLS on a local server."""
+        return f"{self.dsn(dbname, user)}?sslmode=disable"
 
     def _run(self, *cmd: str) -> None:
         proc = subprocess.run(_as_postgres(list(cmd)), capture_output=True, text=True)
@@ -93,17 +100,24 @@ class Cluster:
             "-D",
             str(self.datadir),
             "-U",
-            "postgres",
+            self.superuser,
             "--auth=trust",
             "--encoding=UTF8",
             "--locale=C.UTF-8",
         )
+        self.write_settings()
+        return self
+
+    def write_settings(self) -> None:
+        """Write postgresql.auto.conf: BASE_SETTINGS, this cluster's settings over them, then
+        what belongs to this cluster only (its port, socket folder and Vault key script). A
+        data directory copied from another cluster's gets this one's settings the same way."""
         conf = {**BASE_SETTINGS, **self.settings, "port": str(self.port)}
         conf["unix_socket_directories"] = f"'{self.root}'"
         conf["vault.getkey_script"] = f"'{self._write_getkey_script()}'"
-        with (self.datadir / "postgresql.auto.conf").open("a") as f:
-            f.writelines(f"{k} = {v}\n" for k, v in conf.items())
-        return self
+        (self.datadir / "postgresql.auto.conf").write_text(
+            "".join(f"{k} = {v}\n" for k, v in conf.items())
+        )
 
     def _write_getkey_script(self) -> Path:
         """An executable that prints Vault's root key, readable by the server's user only."""
@@ -144,5 +158,7 @@ class Cluster:
             self.stop("immediate")
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def connect(self, dbname: str = "postgres", **kwargs) -> psycopg.Connection:
-        return psycopg.connect(self.dsn(dbname), **kwargs)
+    def connect(
+        self, dbname: str = "postgres", user: str | None = None, **kwargs
+    ) -> psycopg.Connection:
+        return psycopg.connect(self.dsn(dbname, user), **kwargs)

@@ -1,9 +1,15 @@
 """The stack tests and benchmarks run on: a real PostgreSQL 15 cluster shaped like a Supabase
-database.
+database, and helpers for the queue on it.
+
+Two shapes. The tests' session stack and the migration, upgrade and update tests use the
+hosted shape (testkit/hosted.py: supautils and Supabase's own role set-up, `postgres` not a
+superuser, migrations applied as `postgres`). start_supabase_like_cluster() here is the plain
+shape, where `postgres` is the superuser, as on a self-hosted PostgreSQL: the benchmark, the
+reliability suite's restart tests and a database without pg_net use it.
 
 Real: PostgreSQL, pg_cron, pg_net and Supabase Vault (all three preloaded), pgTAP,
-plpgsql_check. Stand-in (testkit/sql/, never in a generated project): the Supabase baseline
-roles and schemas.
+plpgsql_check. Stand-in in the plain shape (testkit/sql/, never in a generated project): the
+Supabase baseline roles and schemas.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ def start_supabase_like_cluster(*, pg_net: bool = True, **settings: str) -> Clus
     cluster = Cluster(**({"settings": settings} if settings else {})).init().start()
     with cluster.connect(autocommit=True) as conn:
         conn.execute((SQL / "supabase_baseline.sql").read_text())
+        conn.execute((SQL / "auth_functions.sql").read_text())
         lines = (SQL / "extensions.sql").read_text().splitlines()
         conn.execute(
             "\n".join(

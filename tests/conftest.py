@@ -16,6 +16,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from testkit.cluster import Cluster
+from testkit.hosted import start_hosted_cluster
 from testkit.postgrest import PostgRESTStandIn, make_jwt
 from testkit.project import (
     PYTHON_VARIANTS,
@@ -25,7 +26,6 @@ from testkit.project import (
     snapshot_template,
     snapshot_with_history,
 )
-from testkit.stack import start_supabase_like_cluster
 from tests.support.workers import Installed, install
 
 
@@ -44,8 +44,10 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def stack() -> Iterator[Cluster]:
-    """The session's PostgreSQL cluster, shaped like a Supabase database (testkit/stack.py)."""
-    cluster = start_supabase_like_cluster()
+    """The session's PostgreSQL cluster, shaped like a hosted Supabase database
+    (testkit/hosted.py): `postgres`, as which the Supabase CLI applies migrations, is not a
+    superuser; `stack.connect()` and `stack.dsn()` log in as the superuser `supabase_admin`."""
+    cluster = start_hosted_cluster()
     yield cluster
     cluster.destroy()
 
@@ -53,8 +55,8 @@ def stack() -> Iterator[Cluster]:
 @pytest.fixture(scope="session")
 def project(template: Path, stack: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A project rendered with the default answers, its migrations pushed to the stack by the
-    real Supabase CLI. The pg_cron sweep stays scheduled but inactive, so tests decide when
-    sweep() runs."""
+    real Supabase CLI as `postgres`, as on a hosted project. The pg_cron sweep stays scheduled
+    but inactive, so tests decide when sweep() runs."""
     path = render(template, tmp_path_factory.mktemp("rendered") / "myapp")
     push_migrations(path, stack.url())
     with stack.connect(autocommit=True) as conn:
@@ -78,7 +80,11 @@ def service_role_key() -> str:
 @pytest.fixture(scope="session")
 def stack_env(stack: Cluster, postgrest: PostgRESTStandIn, service_role_key: str) -> dict:
     """Our stack under the names `supabase status -o env` prints, which projects read."""
-    return {"API_URL": postgrest.url, "SERVICE_ROLE_KEY": service_role_key, "DB_URL": stack.dsn()}
+    return {
+        "API_URL": postgrest.url,
+        "SERVICE_ROLE_KEY": service_role_key,
+        "DB_URL": stack.dsn(user="postgres"),
+    }
 
 
 @pytest.fixture

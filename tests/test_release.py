@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from testkit.cluster import Cluster
+from testkit.hosted import start_hosted_cluster
 from testkit.project import (
     VARIANTS,
     Variant,
@@ -22,7 +22,6 @@ from testkit.project import (
     supabase,
     update,
 )
-from testkit.stack import start_supabase_like_cluster
 from tests.support.releases import RELEASE_ANSWERS, fill_queue
 from tests.support.schema import differences, queue_schema
 
@@ -67,7 +66,7 @@ def fresh_schema(history: Path, tmp_path: Path, answers: dict) -> dict[str, str]
 
 
 def pushed_schema(project: Path, answers: dict) -> dict[str, str]:
-    cluster = start_supabase_like_cluster()
+    cluster = start_hosted_cluster()
     try:
         push_migrations(project, cluster.url())
         return queue_schema(cluster, answers.get("queue_schema", "pgqueue"))
@@ -81,7 +80,7 @@ def upgraded_schema(history: Path, tmp_path: Path, answers: dict) -> dict[str, s
     project = render(history, tmp_path / "upgraded", vcs_ref=OLDEST, **answers)
     run(["git", "init", "-q", "-b", "main"], cwd=project)
     commit_everything(project, "generated at 0.1.0")
-    cluster: Cluster = start_supabase_like_cluster()
+    cluster = start_hosted_cluster()
     try:
         push_migrations(project, cluster.url())
         with cluster.connect(autocommit=True) as db:

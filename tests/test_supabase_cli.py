@@ -6,8 +6,8 @@ import subprocess
 from pathlib import Path
 
 from testkit.cluster import Cluster
+from testkit.hosted import start_hosted_cluster
 from testkit.project import SUPABASE_CLI, push_migrations, render, run, supabase
-from testkit.stack import start_supabase_like_cluster
 
 
 def migration_versions(project: Path) -> list[str]:
@@ -73,7 +73,7 @@ def test_db_lint_would_catch_a_broken_function(project: Path, stack: Cluster) ->
 def test_pgtap_suite_passes(project: Path, stack: Cluster, db) -> None:
     tests = sorted((project / "supabase/tests/database").glob("*.test.sql"))
     assert tests, "the project ships pgTAP tests"
-    out = run(["pg_prove", "-d", stack.dsn(), *tests])
+    out = run(["pg_prove", "-d", stack.dsn(user="postgres"), *tests])
     assert "All tests successful" in out
 
 
@@ -89,7 +89,7 @@ def test_non_default_answers_render_a_working_queue(template: Path, tmp_path: Pa
         "retention_days": 2,
     }
     project = render(template, tmp_path / "billing", **answers)
-    cluster = start_supabase_like_cluster()
+    cluster = start_hosted_cluster()
     try:
         push_migrations(project, cluster.url())
         supabase(
@@ -103,7 +103,14 @@ def test_non_default_answers_render_a_working_queue(template: Path, tmp_path: Pa
             "--fail-on",
             "error",
         )
-        out = run(["pg_prove", "-d", cluster.dsn(), *project.glob("supabase/tests/database/*.sql")])
+        out = run(
+            [
+                "pg_prove",
+                "-d",
+                cluster.dsn(user="postgres"),
+                *project.glob("supabase/tests/database/*.sql"),
+            ]
+        )
         assert "All tests successful" in out
         with cluster.connect(autocommit=True) as conn:
             assert conn.execute("select to_regnamespace('pgqueue')").fetchone() == (None,)

@@ -19,6 +19,7 @@ import yaml
 from psycopg.types.json import Jsonb
 
 from testkit.cluster import free_port
+from testkit.hosted import start_hosted_cluster
 from testkit.project import (
     COPIER_LOCK,
     commit_everything,
@@ -32,7 +33,6 @@ from testkit.project import (
     supabase,
     update,
 )
-from testkit.stack import start_supabase_like_cluster
 from tests.support.releases import EMAIL, RELEASE_ANSWERS, fill_queue
 
 # The migration a new project's queue starts from (each table, view and function once).
@@ -142,7 +142,7 @@ def test_update_keeps_user_edits_and_jobs_and_applies_the_new_migration(
     user_migration.write_text(USER_MIGRATION)
     commit_all(project, "our changes")
 
-    cluster = start_supabase_like_cluster()
+    cluster = start_hosted_cluster()
     try:
         push_migrations(project, cluster.url())
         with cluster.connect(autocommit=True) as db:
@@ -191,7 +191,7 @@ def test_update_keeps_user_edits_and_jobs_and_applies_the_new_migration(
             assert db.execute("select to_regclass('pgqueue.jobs_region_idx')").fetchone()[0]
         # the upgraded project's worker runs the jobs that waited through the upgrade
         queued = [job_id for job_id, _, status, _ in before if status == "queued"]
-        with run_worker(project, cluster.dsn()) as worker:
+        with run_worker(project, cluster.dsn(user="postgres")) as worker:
             wait_for_status(cluster, queued, "done", worker)
         assert worker.returncode == 0, "SIGTERM ends the worker cleanly"
         with cluster.connect() as db:
@@ -352,7 +352,7 @@ def test_a_project_from_the_release_updates_to_head_with_its_live_jobs(
     released = {p.name: p.read_bytes() for p in (project / MIGRATIONS_DIR).glob("*.sql")}
     schema = at_release.get("queue_schema", "pgqueue")
 
-    cluster = start_supabase_like_cluster()
+    cluster = start_hosted_cluster()
     try:
         push_migrations(project, cluster.url())
         with cluster.connect(autocommit=True) as db:
@@ -401,7 +401,7 @@ def test_a_project_from_the_release_updates_to_head_with_its_live_jobs(
 
         # the updated project's worker drains the jobs that waited through the upgrade
         env = {"SUPABASE_SERVICE_ROLE_KEY": "not-used-here", "PORT": str(free_port())}
-        with run_worker(project, cluster.dsn(), **env) as worker:
+        with run_worker(project, cluster.dsn(user="postgres"), **env) as worker:
             wait_for_status(cluster, ids["queued"], "done", worker, schema)
         assert worker.returncode == 0, "SIGTERM ends the worker cleanly"
         with cluster.connect() as db:
@@ -421,7 +421,7 @@ def test_each_answer_change_adds_one_migration_that_changes_only_that_answer(
     project = render(template, tmp_path / "app")
     run(["git", "init", "-q", "-b", "main"], cwd=project)
     commit_all(project, "generated")
-    cluster = start_supabase_like_cluster()
+    cluster = start_hosted_cluster()
     try:
         push_migrations(project, cluster.url())
         with cluster.connect(autocommit=True) as db:

@@ -52,7 +52,7 @@ def http_workers(
     """python-http workers against the stack, with WORKER_KEY as their service key, logging
     everything (DEBUG), with no idle poll and no linger: only a wake-up brings one in."""
     env = {
-        "DB_URL": stack.dsn(),
+        "DB_URL": stack.dsn(user="postgres"),
         "SERVICE_ROLE_KEY": WORKER_KEY,
         "WORKER_POLL_INTERVAL": "3600",
         "WORKER_LINGER_SECONDS": "0",

@@ -1,6 +1,7 @@
 -- The part of a fresh Supabase database that migrations may rely on (from supabase/postgres
--- and the CLI's local stack): the API roles, the `extensions` schema, the `auth` helpers and
--- the default privileges Supabase grants in `public`. Not the real thing, only its shape.
+-- and the CLI's local stack): the API roles, the `extensions` schema, the `auth` schema (its
+-- helpers are in auth_functions.sql) and the default privileges Supabase grants in `public`.
+-- Not the real thing, only its shape: testkit/hosted.py builds the real one.
 do $$
 begin
   if not exists (select from pg_roles where rolname = 'anon') then
@@ -27,20 +28,6 @@ alter database postgres set search_path = "$user", public, extensions;
 
 create schema if not exists auth;
 grant usage on schema auth to anon, authenticated, service_role;
-
-create or replace function auth.jwt() returns jsonb
-language sql stable as $$
-  select coalesce(
-    nullif(current_setting('request.jwt.claim', true), ''),
-    nullif(current_setting('request.jwt.claims', true), '')
-  )::jsonb
-$$;
-
-create or replace function auth.role() returns text
-language sql stable as $$ select auth.jwt() ->> 'role' $$;
-
-create or replace function auth.uid() returns uuid
-language sql stable as $$ select nullif(auth.jwt() ->> 'sub', '')::uuid $$;
 
 grant usage on schema public to anon, authenticated, service_role;
 alter default privileges in schema public grant all on tables to anon, authenticated, service_role;

@@ -72,7 +72,7 @@ def fleet(
 
     def make(variant: Variant = PYTHON, **env: object) -> Workers:
         settings = {
-            "DB_URL": stack.dsn(),
+            "DB_URL": stack.dsn(user="postgres"),
             "SERVICE_ROLE_KEY": "unused-by-the-postgres-transport",
             "RELIABILITY_AUDIT_DIR": str(audit_dir),
             "LOG_LEVEL": "WARNING",
