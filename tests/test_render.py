@@ -3,13 +3,17 @@ tests/support/residue.py); bad answers are refused with a message that says what
 
 from __future__ import annotations
 
+import contextlib
 import re
 import tomllib
 from pathlib import Path
 
+import psycopg
 import pytest
 import yaml
+from psycopg import sql
 
+from testkit.cluster import Cluster
 from testkit.project import (
     REPO,
     VARIANTS,
@@ -146,6 +150,7 @@ BAD_ANSWERS = [
     ("queue_schema", "Jobs", "plain SQL identifier"),
     ("queue_schema", "public", "is reserved by Postgres or Supabase"),
     ("queue_schema", "pg_jobs", "is reserved by Postgres or Supabase"),
+    ("queue_schema", "plpgsql", "a prefix PostgreSQL reserves"),
     ("project_slug", "../evil", "must start with a lowercase letter"),
     ("project_slug", "My App", "must start with a lowercase letter"),
     ("package_name", "my-app", "lowercase Python identifier"),
@@ -184,6 +189,48 @@ def test_bad_answers_are_refused_with_a_message(
         render(template, tmp_path / "app", **extra, **{question: value})
     assert question in str(refused.value)
     assert not (tmp_path / "app" / "supabase").exists(), "nothing is rendered for a bad answer"
+
+
+def reserved_setting_prefixes(stack: Cluster) -> list[str]:
+    """The setting prefixes reserved on the test cluster (as on a Supabase database, pg_cron,
+    pg_net and Vault preloaded) once every library it has is loaded, as a database loads
+    them on first use (plpgsql by any PL/pgSQL function): of every library's and available
+    extension's name that could be a schema's, those under which set_config() refuses a
+    setting, as it would refuse the queue's `<schema>.claim_front`."""
+    libdir = Path(run(["pg_config", "--pkglibdir"], cwd=REPO).strip())
+    names = {path.stem for path in libdir.glob("*.so")}
+    reserved = []
+    with stack.connect(autocommit=True) as conn:
+        names |= {row[0] for row in conn.execute("select name from pg_available_extensions")}
+        for library in sorted(path.stem for path in libdir.glob("*.so")):
+            # sepgsql, for one, loads only as a preloaded library
+            with contextlib.suppress(psycopg.Error):
+                conn.execute(sql.SQL("load {}").format(sql.Literal(library)))
+        for name in sorted(n for n in names if re.fullmatch("[a-z_][a-z0-9_]*", n)):
+            try:
+                with conn.transaction():
+                    conn.execute("select set_config(%s, '1', true)", (f"{name}.claim_front",))
+            except psycopg.errors.InvalidName:
+                reserved.append(name)
+    return reserved
+
+
+def test_a_schema_named_for_a_reserved_setting_prefix_is_refused(
+    template: Path, tmp_path: Path, stack: Cluster
+) -> None:
+    """The queue keeps per-transaction settings named `<schema>.<name>`: under a prefix an
+    extension reserves (plpgsql, auto_explain, ...) every claim would fail."""
+    reserved = reserved_setting_prefixes(stack)
+    assert {"plpgsql", "plpgsql_check", "auto_explain", "supautils"} <= set(reserved)
+    accepted = []
+    for name in reserved:
+        try:
+            render(template, tmp_path / name, queue_schema=name)
+        except ValueError as refused:
+            assert "queue_schema" in str(refused) and "reserve" in str(refused), refused
+        else:
+            accepted.append(name)
+    assert accepted == [], "copier accepted schemas whose settings PostgreSQL refuses"
 
 
 def test_every_question_has_a_validator_or_fixed_choices() -> None:

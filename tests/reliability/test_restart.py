@@ -12,11 +12,22 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from psycopg.types.json import Jsonb
+
 from testkit.cluster import Cluster
 from tests.support.jobs import wait_until
 
 from .conftest import PYTHON, Fleet
-from .harness import Execution, Plan, Sweeper, audit, enqueue_plan, figures, wait_drained
+from .harness import (
+    Execution,
+    Plan,
+    Sweeper,
+    audit,
+    enqueue_plan,
+    executions,
+    figures,
+    wait_drained,
+)
 
 JOBS = 20_000
 WORKERS = 2
@@ -95,3 +106,60 @@ def test_workers_ride_out_server_restarts(
         lost=result.lost,
     )
     result.check()
+
+
+# Successes that wait out a restart: jobs end while the server is down, and it comes back
+# 3.2 s after they ended, when a report retried with backoff (0.2 s, doubling) has made its
+# fifth try and waits 3.2 s more for its sixth.
+SLOW_JOBS = 20
+BACK_AFTER = 3.2
+
+
+def test_successes_reach_a_restarted_server_at_once(
+    own_cluster: Cluster, fleet: Fleet, audit_dir: Path
+) -> None:
+    """Jobs that succeed while the server is down are recorded within a second of its
+    return, not when their report's backoff ends (by then the sweeper may have taken their
+    leases back, and they would run again); none runs twice."""
+    workers = fleet(PYTHON, DB_URL=own_cluster.dsn(), WORKER_LEASE_SECONDS=8)
+    workers.start(ready=False, WORKER_NAME="restarted")
+    with own_cluster.connect(autocommit=True) as conn:
+        ids = [
+            row[0]
+            for row in conn.execute(
+                "select pgqueue.enqueue('slow', %s) from generate_series(1, %s)",
+                (Jsonb({"seconds": 1.0}), SLOW_JOBS),
+            )
+        ]
+    with Sweeper(own_cluster.dsn(), interval=0.2):
+        wait_until(
+            lambda: len(executions(audit_dir)) == SLOW_JOBS,
+            timeout=10,
+            what="every job to start",
+        )
+        own_cluster.stop("immediate")
+        ended = wait_until(
+            lambda: [
+                e.t for runs in executions(audit_dir).values() for e in runs if e.event == "ok"
+            ],
+            timeout=10,
+            what="the jobs to end",
+        )
+        time.sleep(max(0.0, min(ended) + BACK_AFTER - time.time()))
+        own_cluster.start()
+        back = time.time()
+        wait_until(lambda: done_count(own_cluster) == SLOW_JOBS, timeout=20, what="the jobs")
+    with own_cluster.connect(autocommit=True) as conn:
+        recorded = [
+            row[0].timestamp()
+            for row in conn.execute(
+                "select finished_at from pgqueue.all_jobs where id = any(%s)", (ids,)
+            )
+        ]
+    late = max(recorded) - back
+    runs = executions(audit_dir)
+    figures(
+        "successes after a restart", jobs=SLOW_JOBS, back_after_s=back - min(ended), late_s=late
+    )
+    assert late < 1.0, f"the last success was recorded {late:.2f} s after the server was back"
+    assert all(len([e for e in runs[i] if e.event == "start"]) == 1 for i in ids), runs

@@ -1,10 +1,16 @@
 # Worker machinery: you should not need to edit this file (handlers live in handlers/).
 """Pauses that double up to a limit (between empty polls, through outages), and reports to
-the queue retried through an outage."""
+the queue retried through an outage.
+
+Every call of a worker that waits out an outage pauses through the worker's one Outage, and
+every call that gets through ends the others' pauses: when the queue answers a claim again,
+the successes waiting to be reported go at once (their jobs' leases are running out), and
+when a report gets through first, the claim loop claims at once."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -18,6 +24,8 @@ T = TypeVar("T")
 
 # The longest pause between two tries while the queue is unavailable.
 MAX_OUTAGE_PAUSE = 30.0
+# ... for a report: its job's lease runs out meanwhile, and a report costs the queue little.
+MAX_REPORT_PAUSE = 1.0
 
 
 class Backoff:
@@ -36,15 +44,46 @@ class Backoff:
         self._next = self.first
 
 
-async def report(call: Callable[[], Awaitable[T]], *, give_up_after: float) -> T | None:
+class Outage:
+    """What a worker's calls share while the queue is unavailable: each one that failed
+    waits out its pause in pause(); the first that gets through calls over(), which ends
+    every pause under way, so the others try again at once."""
+
+    def __init__(self) -> None:
+        self._over = asyncio.Event()
+        self._pausing = 0
+
+    async def pause(self, seconds: float) -> None:
+        """Sleep `seconds`, or until over() is called."""
+        over = self._over
+        self._pausing += 1
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(over.wait(), seconds)
+        finally:
+            self._pausing -= 1
+
+    def over(self) -> None:
+        """A call got through: end every pause under way (a claim calls this each time, so
+        it costs nothing while none is)."""
+        if self._pausing:
+            self._over.set()
+            self._over = asyncio.Event()
+
+
+async def report(
+    call: Callable[[], Awaitable[T]], *, give_up_after: float, outage: Outage | None = None
+) -> T | None:
     """Tell the queue what happened (`call()`), retrying through an outage for up to
     `give_up_after` seconds (one lease: after that the sweeper has taken the job back anyway).
-    None if it never got through."""
-    backoff = Backoff(0.2, MAX_OUTAGE_PAUSE)
+    Between tries it pauses at most MAX_REPORT_PAUSE, and no longer than until another call
+    through `outage` gets through. None if it never got through."""
+    outage = outage or Outage()
+    backoff = Backoff(0.2, MAX_REPORT_PAUSE)
     deadline = time.monotonic() + give_up_after
     while True:
         try:
-            return await call()
+            result = await call()
         except QueueUnavailable as exc:
             if time.monotonic() > deadline:
                 log.error(
@@ -52,4 +91,7 @@ async def report(call: Callable[[], Awaitable[T]], *, give_up_after: float) -> T
                     extra={"event": "worker.report_failed", "error": str(exc)},
                 )
                 return None
-            await asyncio.sleep(backoff.next())
+            await outage.pause(backoff.next())
+        else:
+            outage.over()
+            return result

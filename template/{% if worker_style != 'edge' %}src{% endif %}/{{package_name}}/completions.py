@@ -23,7 +23,8 @@ measure as its error.
 complete_many() and complete() answer which jobs they completed, so a job whose lease had been
 taken back meanwhile is counted and logged as lost; complete_and_claim() passes over a stale
 token silently, so the jobs it carries are counted done. Jobs whose claim fails go to run(),
-which retries them through an outage as every report does (backoff.report()).
+which retries them through an outage as every report does (backoff.report()): at once when
+the worker's claim gets through again.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .backoff import report
+from .backoff import Outage, report
 from .failures import report_failure
 from .logs import job_fields, ms_since
 from .metrics import WorkerMetrics
@@ -63,10 +64,18 @@ class ResultRefused(Exception):
 
 
 class Completions:
-    def __init__(self, queue: QueueClient, lease_seconds: int, metrics: WorkerMetrics) -> None:
+    def __init__(
+        self,
+        queue: QueueClient,
+        lease_seconds: int,
+        metrics: WorkerMetrics,
+        outage: Outage | None = None,
+    ) -> None:
         self._queue = queue
         self._lease_seconds = lease_seconds
         self._metrics = metrics
+        # Shared with the claim loop: reports through an outage go when any call gets through.
+        self._outage = outage or Outage()
         self._pending: list[_Done] = []
         # Successes of a claim the database refused for a result: sent alone, at once.
         self._alone: list[_Done] = []
@@ -166,7 +175,9 @@ class Completions:
         jobs = [entry.done.job for entry in batch]
         try:
             completed = await report(
-                lambda: self._queue.complete_many(jobs), give_up_after=self._lease_seconds
+                lambda: self._queue.complete_many(jobs),
+                give_up_after=self._lease_seconds,
+                outage=self._outage,
             )
         except Exception as exc:
             log.error(
@@ -181,7 +192,9 @@ class Completions:
         job, result = entry.done.job, entry.done.result
         try:
             completed = await report(
-                lambda: self._queue.complete(job, result), give_up_after=self._lease_seconds
+                lambda: self._queue.complete(job, result),
+                give_up_after=self._lease_seconds,
+                outage=self._outage,
             )
         except Refused as exc:
             # Over max_result_bytes as the database measures it: the job fails for good.
@@ -196,6 +209,7 @@ class Completions:
                 started=entry.started,
                 metrics=self._metrics,
                 lease_seconds=self._lease_seconds,
+                outage=self._outage,
             )
             return
         except Exception as exc:

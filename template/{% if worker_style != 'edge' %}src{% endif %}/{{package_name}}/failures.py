@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from .backoff import report
+from .backoff import Outage, report
 from .logs import job_fields, ms_since
 from .metrics import Outcome, WorkerMetrics
 from .queue_client import Job, QueueClient
@@ -23,11 +23,14 @@ async def report_failure(
     started: float,
     metrics: WorkerMetrics,
     lease_seconds: int,
+    outage: Outage | None = None,
 ) -> None:
     """Record a failed attempt of `job` (its handler started at `started`, a time.monotonic()
     reading) with `error`; counted retried, dead, or lost when its token was stale."""
     status = await report(
-        lambda: queue.fail(job, error, retryable=retryable), give_up_after=lease_seconds
+        lambda: queue.fail(job, error, retryable=retryable),
+        give_up_after=lease_seconds,
+        outage=outage,
     )
     outcome: Outcome = "retried" if status == "queued" else "dead" if status == "failed" else "lost"
     metrics.finished([job], outcome)

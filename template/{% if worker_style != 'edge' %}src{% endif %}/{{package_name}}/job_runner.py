@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .backoff import report
+from .backoff import Outage, report
 from .completions import Completions
 from .failures import report_failure
 from .leases import LeaseKeeper
@@ -43,6 +43,7 @@ class JobRunner:
         lease_seconds: int,
         max_result_bytes: int,
         tracing: JobTracing | None = None,
+        outage: Outage | None = None,
     ) -> None:
         self._queue = queue
         self._keeper = keeper
@@ -51,6 +52,7 @@ class JobRunner:
         self._lease_seconds = lease_seconds
         self._max_result_bytes = max_result_bytes
         self._tracing = tracing
+        self._outage = outage or Outage()
 
     def start(
         self,
@@ -178,7 +180,11 @@ class JobRunner:
     async def _release(self, job: Job) -> None:
         """Hand a job still running at shutdown back to the queue, so another worker runs it
         now (its attempt not counted)."""
-        released = await report(lambda: self._queue.release(job), give_up_after=self._lease_seconds)
+        released = await report(
+            lambda: self._queue.release(job),
+            give_up_after=self._lease_seconds,
+            outage=self._outage,
+        )
         self._metrics.finished([job], "released")
         log.warning(
             "job released at shutdown",
@@ -194,4 +200,5 @@ class JobRunner:
             started=started,
             metrics=self._metrics,
             lease_seconds=self._lease_seconds,
+            outage=self._outage,
         )

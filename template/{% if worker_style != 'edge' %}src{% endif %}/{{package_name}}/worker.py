@@ -13,7 +13,8 @@
   result that is not JSON, or over the configured max_result_bytes, fails its job instead;
   results.py). Handlers may report progress as they go (JobInfo.report_progress()).
 - Idle, the worker waits for a wake-up (LISTEN with the postgres transport) or polls with a
-  growing pause; it never spins. A lost connection is retried with backoff.
+  growing pause; it never spins. A lost connection is retried with backoff; the first call
+  that gets through again (a claim or a report) ends every other call's pause (Outage).
 - stop() (SIGTERM/SIGINT): no more claims; running jobs get `shutdown_grace` seconds to
   finish, and whatever is still running then is cancelled and released to the queue.
 """
@@ -28,7 +29,7 @@ from collections import Counter
 from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar
 
-from .backoff import MAX_OUTAGE_PAUSE, Backoff
+from .backoff import MAX_OUTAGE_PAUSE, Backoff, Outage
 from .completions import Completions, ResultRefused
 from .job_runner import JobRunner
 from .leases import LeaseKeeper
@@ -127,6 +128,9 @@ class Worker:
         self._next_checkin = 0.0
         self._running: dict[asyncio.Task[None], Job] = {}
         self._stopping = asyncio.Event()
+        # Shared by every call that waits out an outage: one that gets through ends the rest's
+        # pauses, so successes waiting to be reported go with the first claim that works.
+        self._outage = Outage()
         # Set when a job's task ends or stop() is called: the claim loop waits on it.
         self._changed = asyncio.Event()
 
@@ -178,7 +182,7 @@ class Worker:
                 return  # stopped before the database answered
             lease_seconds, max_result_bytes = configured
             keeper = LeaseKeeper(self._queue, lease_seconds)
-            completions = Completions(self._queue, lease_seconds, self.metrics)
+            completions = Completions(self._queue, lease_seconds, self.metrics, self._outage)
             runner = JobRunner(
                 self._queue,
                 keeper,
@@ -187,6 +191,7 @@ class Worker:
                 lease_seconds,
                 max_result_bytes,
                 self._tracing,
+                self._outage,
             )
             self.metrics.expect(self._settings.queue, self._handlers.kinds())
             self._machinery = (lease_seconds, keeper, completions, runner)
@@ -218,6 +223,7 @@ class Worker:
             except QueueUnavailable as exc:
                 await self._wait_out(outage, exc)
                 continue
+            self._outage.over()
             max_result_bytes = int(config.get("max_result_bytes", _MAX_RESULT_BYTES))
             if self._settings.lease_seconds is not None:
                 return self._settings.lease_seconds, max_result_bytes
@@ -238,7 +244,7 @@ class Worker:
             delay,
             extra={"event": "worker.unavailable", "error": str(exc)},
         )
-        await self._unless_stopped(asyncio.sleep(delay))
+        await self._unless_stopped(self._outage.pause(delay))
 
     async def _claim_and_start(
         self, completions: Completions, *, lease_seconds: int, until_idle: bool
@@ -289,6 +295,7 @@ class Worker:
                 )
                 continue
             outage.reset()
+            self._outage.over()  # reports waiting out the outage go now
             self.metrics.claimed(jobs)
             traceparents = await self._traceparents(jobs)
             for job in jobs:

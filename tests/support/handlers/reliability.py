@@ -109,3 +109,15 @@ class Blob(BaseModel):
 @handler("blob", timeout=30)
 async def blob(payload: Blob, job: JobInfo) -> None:
     await run(job, 0)
+
+
+class Slow(BaseModel):
+    seconds: float
+
+
+@handler("slow", timeout=60)
+async def slow(payload: Slow, job: JobInfo) -> None:
+    """Takes `seconds`, then succeeds."""
+    record(job, "start")
+    await asyncio.sleep(payload.seconds)
+    record(job, "ok")

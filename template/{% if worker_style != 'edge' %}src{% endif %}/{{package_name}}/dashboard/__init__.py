@@ -44,8 +44,9 @@ SECURITY_HEADERS = {
 def create_app(
     source: QueueSource, password: str, *, title: str = "Queue", login_delay: float = 1.0
 ) -> Starlette:
-    """The dashboard over `source`, opened by `password`. A wrong password is answered after
-    `login_delay` seconds, one wrong answer at a time."""
+    """The dashboard over `source`, opened by `password`. Passwords are checked one at a time;
+    after a wrong one the next waits `login_delay` seconds, and so does the wrong one's answer.
+    A few attempts may wait their turn; more at once are answered 429."""
     if not password:
         raise ValueError("the dashboard needs a password")
     views = Views(source, Guard(password), title, login_delay)

@@ -7,11 +7,16 @@ anything derived from it ever leaves the server, and a restart logs everyone out
 
 Every form that changes something carries a token: HMAC(key, session id + the form's action).
 A POST is accepted only with its token, and never from another site (the browser's
-Sec-Fetch-Site and Origin headers say where a request comes from).
+Sec-Fetch-Site and Origin headers say where a request comes from). A cookie or token that is
+not ASCII text is none we made, and refused as such.
+
+Passwords are checked one at a time, and a wrong one holds up the next check (LoginThrottle),
+so guessing goes no faster by sending many at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import secrets
@@ -25,6 +30,9 @@ COOKIE = "dashboard_session"
 SESSION_SECONDS = 12 * 3600
 # Sessions kept at most; the oldest go first (each login adds one).
 MAX_SESSIONS = 1000
+# Login attempts that may wait for their turn at once (the one being checked included); more
+# are turned away at once. A person logs in once; only a flood of guesses waits in line.
+MAX_WAITING_LOGINS = 4
 
 
 class Guard:
@@ -59,7 +67,7 @@ class Guard:
 
     def session(self, cookie: str | None) -> str | None:
         """The session id a cookie carries, when it is signed by us and still open."""
-        if not cookie or cookie.count(".") != 1:
+        if not cookie or not cookie.isascii() or cookie.count(".") != 1:
             return None
         sid, signature = cookie.split(".")
         if not hmac.compare_digest(signature, self._sign("session", sid)):
@@ -77,11 +85,54 @@ class Guard:
         return self._sign("csrf", sid, action)
 
     def csrf_ok(self, sid: str, action: str, token: str | None) -> bool:
-        return token is not None and hmac.compare_digest(token, self.csrf_token(sid, action))
+        return (
+            token is not None
+            and token.isascii()
+            and hmac.compare_digest(token, self.csrf_token(sid, action))
+        )
 
     def _sign(self, purpose: str, *parts: str) -> str:
         message = "\n".join((purpose, *parts)).encode()
         return hmac.new(self._key, message, hashlib.sha256).hexdigest()
+
+
+class LoginThrottle:
+    """Checks passwords one at a time, the next no sooner than `delay` seconds after a wrong
+    one: guesses sent at once are checked no faster than guesses sent one after another, and
+    a client that hangs up while it waits gains nothing (the pause belongs to the next
+    check, not to the wrong one's answer). At most `max_waiting` attempts wait their turn;
+    check() turns away the others at once."""
+
+    def __init__(
+        self,
+        delay: float,
+        max_waiting: int = MAX_WAITING_LOGINS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._delay = delay
+        self._max_waiting = max_waiting
+        self._clock = clock
+        self._turn = asyncio.Lock()
+        self._waiting = 0
+        self._next_check = 0.0  # clock() reading before which no password is checked
+
+    async def check(self, matches: Callable[[], bool]) -> bool | None:
+        """What `matches()` (the password comparison) says, asked in turn; None when
+        `max_waiting` attempts are waiting already."""
+        if self._waiting >= self._max_waiting:
+            return None
+        self._waiting += 1
+        try:
+            async with self._turn:
+                pause = self._next_check - self._clock()
+                if pause > 0:
+                    await asyncio.sleep(pause)
+                right = matches()
+                if not right:
+                    self._next_check = self._clock() + self._delay
+                return right
+        finally:
+            self._waiting -= 1
 
 
 def _digest(text: str) -> bytes:

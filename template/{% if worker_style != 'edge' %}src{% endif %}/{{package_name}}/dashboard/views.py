@@ -23,7 +23,7 @@ import jinja2
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from .auth import COOKIE, SESSION_SECONDS, Guard, from_another_site
+from .auth import COOKIE, SESSION_SECONDS, Guard, LoginThrottle, from_another_site
 from .chart import throughput_chart
 from .source import QueueSource, Row
 
@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 TEMPLATES = Path(__file__).parent / "templates"
 # A form here holds a password or a token and an id: a few hundred bytes.
 MAX_FORM_BYTES = 16 * 1024
+# The largest job id there can be (ids are bigint).
+MAX_JOB_ID = 2**63 - 1
 # How many dead letters and retrying jobs the overview lists.
 LIST_LIMIT = 50
 THROUGHPUT_MINUTES = 30
@@ -78,9 +80,8 @@ class Views:
         self._guard = guard
         self._title = title
         self._login_delay = login_delay
-        # Wrong passwords wait their delay one after another: guessing goes no faster by
-        # sending many at once.
-        self._failures = asyncio.Lock()
+        # Passwords are checked one at a time, a wrong one holding up the next check.
+        self._throttle = LoginThrottle(login_delay)
         self._jinja = jinja2.Environment(
             loader=jinja2.FileSystemLoader(TEMPLATES),
             autoescape=True,
@@ -101,10 +102,17 @@ class Views:
         if from_another_site(request):
             raise Refusal(403, "This form must be sent from the dashboard's own page.")
         form = await read_form(request)
-        if not self._guard.password_matches(form.get("password", "")):
-            async with self._failures:
-                await asyncio.sleep(self._login_delay)
+        attempt = form.get("password", "")
+        right = await self._throttle.check(lambda: self._guard.password_matches(attempt))
+        if right is None:
+            log.warning(
+                "dashboard: login attempt turned away, too many waiting",
+                extra={"event": "dashboard.login_turned_away"},
+            )
+            raise Refusal(429, "Too many login attempts at once: try again in a moment.")
+        if not right:
             log.warning("dashboard: wrong password", extra={"event": "dashboard.login_refused"})
+            await asyncio.sleep(self._login_delay)
             return self._render("login.html", None, status=401, wrong=True)
         response = RedirectResponse("/", status_code=303)
         response.set_cookie(
@@ -311,9 +319,14 @@ async def read_form(request: Request) -> dict[str, str]:
 
 def _job_id(text: str) -> int:
     text = text.strip().lstrip("#")
-    if not text.isdigit() or len(text) > 19:
+    # ASCII digits only: int() takes the digits of every script (and "²" is a digit to
+    # isdigit(), yet no number to int()).
+    if not (text.isascii() and text.isdigit()):
         raise Refusal(400, "A job id is a whole number, e.g. 42.")
-    return int(text)
+    job_id = int(text)
+    if job_id > MAX_JOB_ID:
+        raise Refusal(404, f"No job {job_id}: job ids go up to {MAX_JOB_ID}.")
+    return job_id
 
 
 def _queue_name(form: Mapping[str, str]) -> str:
