@@ -25,7 +25,7 @@ from testkit.project import (
     snapshot_template,
     snapshot_with_history,
 )
-from testkit.stack import start_supabase_like_cluster
+from testkit.stack import clear_wake_ups, start_supabase_like_cluster
 from tests.support.workers import Installed, install
 
 
@@ -84,14 +84,16 @@ def stack_env(stack: Cluster, postgrest: PostgRESTStandIn, service_role_key: str
 @pytest.fixture
 def db(stack: Cluster, project: Path) -> Iterator[psycopg.Connection]:
     """A superuser connection to a database with the default project's queue, emptied, and
-    pg_net's requests and responses and Vault's secrets with it."""
+    pg_net's requests and responses, Vault's secrets and the wake-up settings with it."""
     with stack.connect(autocommit=True) as conn:
         conn.execute(
             "truncate pgqueue.jobs, pgqueue.job_batches, pgqueue.job_history, pgqueue.done_batches,"
             " pgqueue.claims, pgqueue.claimed_keys restart identity;"
             "truncate net.http_request_queue, net._http_response, vault.secrets;"
         )
+        clear_wake_ups(conn)
         yield conn
+        clear_wake_ups(conn)
 
 
 @pytest.fixture

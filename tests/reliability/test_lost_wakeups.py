@@ -13,7 +13,7 @@ import psycopg
 
 from testkit.cluster import Cluster
 from testkit.postgrest import make_jwt
-from testkit.stack import point_wake_ups, wait_for_pg_net, wake_up_settings
+from testkit.stack import point_wake_ups, wait_for_pg_net
 
 from .conftest import HTTP, Fleet
 from .harness import (
@@ -50,7 +50,7 @@ def test_lost_wakeups_are_made_up_by_the_sweeper(
     plan = Plan.soak(3_000, max_attempts=3, seed=23)
     up_front, during_outage = Plan(plan.jobs[:1_000]), Plan(plan.jobs[1_000:])
 
-    sweeper = Sweeper(stack.dsn(), session_sql=wake_up_settings(wake_url, key))
+    sweeper = Sweeper(stack.dsn())
     with sweeper:  # pg_cron, all along
         ids = enqueue_plan(db, up_front, chunk=100)  # 10 statements, 10 wake-ups
         wait_drained(stack.dsn(), timeout=30)

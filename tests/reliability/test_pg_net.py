@@ -14,11 +14,7 @@ import psycopg
 
 from testkit.cluster import Cluster
 from testkit.postgrest import make_jwt
-from testkit.stack import (
-    point_wake_ups,
-    wait_for_pg_net,
-    wake_up_settings,
-)
+from testkit.stack import point_wake_ups, wait_for_pg_net
 from tests.support.jobs import wait_until
 
 from .conftest import HTTP, Fleet
@@ -57,7 +53,7 @@ def test_an_endpoint_slower_than_the_request_timeout(
     plan = Plan.soak(2_000, max_attempts=3, seed=31)
     up_front, while_slow = Plan(plan.jobs[:500]), Plan(plan.jobs[500:])
 
-    with Sweeper(stack.dsn(), session_sql=wake_up_settings(door.url, key)) as sweeper:
+    with Sweeper(stack.dsn()) as sweeper:
         ids = enqueue_plan(db, up_front, chunk=100)  # 5 wake-ups, answered
         wait_drained(stack.dsn(), timeout=30)
         door.slow(hold=5)
@@ -119,7 +115,7 @@ def test_pg_net_worker_restarted_in_the_middle_of_a_stream(
             restarts.append(bool(row and row[0]))
 
     started = time.monotonic()
-    with Sweeper(stack.dsn(), session_sql=wake_up_settings(wake_url, key)) as sweeper:
+    with Sweeper(stack.dsn()) as sweeper:
         ids = stream(db, plan, rate=50, at={150: restart, 300: restart, 450: restart})
         drained = wait_drained(stack.dsn(), timeout=60)
     elapsed = time.monotonic() - started
@@ -178,7 +174,7 @@ def test_server_restarts_lose_pg_nets_queue_and_the_sweeper_makes_up_for_it(
     outages: list[tuple[float, float]] = []
 
     started = time.monotonic()
-    with Sweeper(own_cluster.dsn(), session_sql=wake_up_settings(wake_url, key)) as sweeper:
+    with Sweeper(own_cluster.dsn()) as sweeper:
         for mode, part in halves.items():
             with own_cluster.connect(autocommit=True) as conn:
                 point_wake_ups(conn, wake_url, key)
