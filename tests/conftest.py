@@ -76,9 +76,24 @@ def service_role_key() -> str:
 
 
 @pytest.fixture(scope="session")
-def stack_env(stack: Cluster, postgrest: PostgRESTStandIn, service_role_key: str) -> dict:
-    """Our stack under the names `supabase status -o env` prints, which projects read."""
-    return {"API_URL": postgrest.url, "SERVICE_ROLE_KEY": service_role_key, "DB_URL": stack.dsn()}
+def wake_secret() -> str:
+    """The secret wake-ups carry in tests: a string of its own, as the README has users make
+    one (never a Supabase API key, which wake() refuses to send)."""
+    return "wake-secret-of-the-test-stack-0123456789"
+
+
+@pytest.fixture(scope="session")
+def stack_env(
+    stack: Cluster, postgrest: PostgRESTStandIn, service_role_key: str, wake_secret: str
+) -> dict:
+    """Our stack under the names `supabase status -o env` prints, which projects read, and the
+    wake-up secret (WAKE_SECRET) the HTTP worker checks."""
+    return {
+        "API_URL": postgrest.url,
+        "SERVICE_ROLE_KEY": service_role_key,
+        "DB_URL": stack.dsn(),
+        "WAKE_SECRET": wake_secret,
+    }
 
 
 @pytest.fixture

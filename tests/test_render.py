@@ -103,7 +103,7 @@ def test_readme_describes_only_its_variant(
     readme = (render(template, tmp_path / "app", **variant.answers) / "README.md").read_text()
     style, transport = variant.worker_style, variant.claim_transport
     wakes_by_post = style != "python"
-    assert ("## The wake-up URL and key" in readme) == wakes_by_post
+    assert ("## The wake-up URL and secret" in readme) == wakes_by_post
     assert ("pg_net POST" in readme) == wakes_by_post
     assert (":8000/wake" in readme) == (style == "python-http")
     assert ("/functions/v1/" in readme) == (style == "edge")

@@ -49,11 +49,12 @@ def http_project(template: Path, interpreter: Path, tmp_path_factory) -> Install
 def http_workers(
     http_project: Installed, stack: Cluster, project: Path, tmp_path: Path
 ) -> Iterator[Workers]:
-    """python-http workers against the stack, with WORKER_KEY as their service key, logging
+    """python-http workers against the stack, with WORKER_KEY as their wake-up secret, logging
     everything (DEBUG), with no idle poll and no linger: only a wake-up brings one in."""
     env = {
         "DB_URL": stack.dsn(),
-        "SERVICE_ROLE_KEY": WORKER_KEY,
+        "SERVICE_ROLE_KEY": "service-key-of-no-use-to-wake-ups",
+        "WAKE_SECRET": WORKER_KEY,
         "WORKER_POLL_INTERVAL": "3600",
         "WORKER_LINGER_SECONDS": "0",
         "LOG_LEVEL": "DEBUG",

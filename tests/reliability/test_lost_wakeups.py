@@ -35,11 +35,15 @@ def test_lost_wakeups_are_made_up_by_the_sweeper(
     fleet: Fleet,
     audit_dir: Path,
 ) -> None:
-    key = make_jwt("service_role")
+    key = "wake-secret-of-the-reliability-suite-0123"
     # no idle poll and no linger (it waits on LISTEN) during the test: only wake-ups (the
     # sweeper's re-wake here) bring it in
     worker = fleet(
-        HTTP, SERVICE_ROLE_KEY=key, WORKER_POLL_INTERVAL=3600, WORKER_LINGER_SECONDS=0
+        HTTP,
+        SERVICE_ROLE_KEY=make_jwt("service_role"),
+        WAKE_SECRET=key,
+        WORKER_POLL_INTERVAL=3600,
+        WORKER_LINGER_SECONDS=0,
     ).start()
     door = Door(worker.port)
     door.open()
@@ -92,11 +96,15 @@ def test_with_every_wake_up_lost_the_idle_poll_drains_the_queue(
 ) -> None:
     """No sweeper (pg_cron is down too) and a worker URL that refuses every wake-up: the
     worker, polling every 2 s when idle, still finds and runs every job."""
-    key = make_jwt("service_role")
+    key = "wake-secret-of-the-reliability-suite-0123"
     poll_s = 2.0
     # no linger (it waits on LISTEN): only the idle poll finds the jobs
     worker = fleet(
-        HTTP, SERVICE_ROLE_KEY=key, WORKER_POLL_INTERVAL=poll_s, WORKER_LINGER_SECONDS=0
+        HTTP,
+        SERVICE_ROLE_KEY=make_jwt("service_role"),
+        WAKE_SECRET=key,
+        WORKER_POLL_INTERVAL=poll_s,
+        WORKER_LINGER_SECONDS=0,
     ).start()
     closed = Door(worker.port)  # never opened: its port refuses connections
     point_wake_ups(db, closed.url, key)
