@@ -115,12 +115,13 @@ def python_http(
         "WORKER_POLL_INTERVAL": "3600",
         "BENCH_HANDLER_STARTS": str(starts),
     }
+    # the secret wake-ups carry: one of its own, never the service key (which wake() refuses)
+    secret = "bench-wake-" + os.urandom(16).hex()
+    env["WAKE_SECRET"] = secret
     if standin is None:
-        key = "bench-" + os.urandom(16).hex()
-        env |= {"DATABASE_URL": stack.dsn(), "SERVICE_ROLE_KEY": key}
+        env |= {"DATABASE_URL": stack.dsn(), "SERVICE_ROLE_KEY": "bench-" + os.urandom(16).hex()}
     else:
-        key = standin.key
-        env |= {"SUPABASE_URL": standin.url, "SERVICE_ROLE_KEY": key}
+        env |= {"SUPABASE_URL": standin.url, "SERVICE_ROLE_KEY": standin.key}
     if linger is not None:
         env["WORKER_LINGER_SECONDS"] = str(linger)
     worker = subprocess.Popen(
@@ -128,7 +129,7 @@ def python_http(
     )
     try:
         _wait_healthy(f"http://127.0.0.1:{port}/health", worker)
-        sent = _enqueue_shapes(stack, f"http://127.0.0.1:{port}/wake", key, runs)
+        sent = _enqueue_shapes(stack, f"http://127.0.0.1:{port}/wake", secret, runs)
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(60)
@@ -151,7 +152,7 @@ def edge(stack: Stack, runs: list[Shape], standin: StandIn, linger: float | None
     function_dir = stack.projects["edge"] / "supabase" / "functions" / FUNCTION
     worker = start_edge_worker(deno, function_dir, api, **settings)
     try:
-        sent = _enqueue_shapes(stack, worker.url, worker.key, runs)
+        sent = _enqueue_shapes(stack, worker.url, worker.wake_secret, runs)
     finally:
         stop_edge_worker(worker)
     started = {}
@@ -163,7 +164,7 @@ def edge(stack: Stack, runs: list[Shape], standin: StandIn, linger: float | None
 
 
 def _enqueue_shapes(
-    stack: Stack, url: str, key: str, runs: list[Shape]
+    stack: Stack, url: str, secret: str, runs: list[Shape]
 ) -> list[tuple[Shape, dict[int, float], dict[int, float]]]:
     """Each shape in turn, from one connection whose wake-ups go to `url`; after each, every
     wake-up must have been sent and answered 202 (one per enqueue: one per INSERT)."""
@@ -172,7 +173,7 @@ def _enqueue_shapes(
     out = []
     with psycopg.connect(stack.dsn(), autocommit=True) as conn:
         conn.execute("truncate net._http_response")
-        point_wake_ups(conn, url, key)
+        point_wake_ups(conn, url, secret)
         for shape in runs:
             sent, committed = enqueue_steadily(conn, shape.samples, shape.rate)
             wait_for_pg_net(conn, timeout=30)

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
+from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from .cluster import Cluster
@@ -61,19 +62,34 @@ def notify_listeners(cluster: Cluster, on: bool, schema: str = "pgqueue") -> Ite
             conn.execute(f"select {schema}.configure(%s)", (Jsonb(restore),))
 
 
-def point_wake_ups(conn: psycopg.Connection, url: str | None, key: str | None) -> None:
-    """Where this session's wake-ups go and the key they carry: what `alter database postgres
-    set ...` does for a self-hosted project, for one session. None clears the setting."""
-    for sql, params in wake_up_settings(url, key):
-        conn.execute(sql, params)
+# The database settings a project rendered with the default answers reads its wake-up URL and
+# secret from (copier.yml: worker_url_setting, service_key_setting).
+WORKER_URL_SETTING = "app.pgqueue_worker_url"
+WAKE_SECRET_SETTING = "app.pgqueue_wake_secret"
 
 
-def wake_up_settings(url: str | None, key: str | None) -> list[tuple[str, tuple[str]]]:
-    """point_wake_ups() as statements, for a session that replays them on each connect (the
-    reliability suite's sweeper)."""
+def point_wake_ups(conn: psycopg.Connection, url: str | None, secret: str | None) -> None:
+    """Where the database's wake-ups go and the secret they carry, as a self-hosted project
+    sets them: `alter database <db> set ...` (the queue reads them from the catalog, so a
+    session's own SET changes nothing). None resets the setting. They outlive the session:
+    the `db` fixture resets both (clear_wake_ups())."""
+    for statement in wake_up_settings(conn.info.dbname, url, secret):
+        conn.execute(statement)
+
+
+def clear_wake_ups(conn: psycopg.Connection) -> None:
+    point_wake_ups(conn, None, None)
+
+
+def wake_up_settings(dbname: str, url: str | None, secret: str | None) -> list[sql.Composed]:
+    """point_wake_ups() as statements."""
     return [
-        ("select set_config('app.pgqueue_worker_url', %s, false)", (url or "",)),
-        ("select set_config('app.service_role_key', %s, false)", (key or "",)),
+        sql.SQL("alter database {} set {} = {}").format(
+            sql.Identifier(dbname), sql.SQL(name), sql.Literal(value)
+        )
+        if value
+        else sql.SQL("alter database {} reset {}").format(sql.Identifier(dbname), sql.SQL(name))
+        for name, value in ((WORKER_URL_SETTING, url), (WAKE_SECRET_SETTING, secret))
     ]
 
 

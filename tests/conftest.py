@@ -26,6 +26,7 @@ from testkit.project import (
     snapshot_template,
     snapshot_with_history,
 )
+from testkit.stack import clear_wake_ups, start_supabase_like_cluster
 from tests.support.workers import Installed, install
 
 
@@ -78,26 +79,39 @@ def service_role_key() -> str:
 
 
 @pytest.fixture(scope="session")
-def stack_env(stack: Cluster, postgrest: PostgRESTStandIn, service_role_key: str) -> dict:
-    """Our stack under the names `supabase status -o env` prints, which projects read."""
+def wake_secret() -> str:
+    """The secret wake-ups carry in tests: a string of its own, as the README has users make
+    one (never a Supabase API key, which wake() refuses to send)."""
+    return "wake-secret-of-the-test-stack-0123456789"
+
+
+@pytest.fixture(scope="session")
+def stack_env(
+    stack: Cluster, postgrest: PostgRESTStandIn, service_role_key: str, wake_secret: str
+) -> dict:
+    """Our stack under the names `supabase status -o env` prints, which projects read, and the
+    wake-up secret (WAKE_SECRET) the HTTP worker checks."""
     return {
         "API_URL": postgrest.url,
         "SERVICE_ROLE_KEY": service_role_key,
         "DB_URL": stack.dsn(user="postgres"),
+        "WAKE_SECRET": wake_secret,
     }
 
 
 @pytest.fixture
 def db(stack: Cluster, project: Path) -> Iterator[psycopg.Connection]:
     """A superuser connection to a database with the default project's queue, emptied, and
-    pg_net's requests and responses and Vault's secrets with it."""
+    pg_net's requests and responses, Vault's secrets and the wake-up settings with it."""
     with stack.connect(autocommit=True) as conn:
         conn.execute(
             "truncate pgqueue.jobs, pgqueue.job_batches, pgqueue.job_history, pgqueue.done_batches,"
             " pgqueue.claims, pgqueue.claimed_keys, pgqueue.job_progress restart identity;"
             "truncate net.http_request_queue, net._http_response, vault.secrets;"
         )
+        clear_wake_ups(conn)
         yield conn
+        clear_wake_ups(conn)
 
 
 @pytest.fixture

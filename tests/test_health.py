@@ -24,38 +24,38 @@ def test_health_names_what_wake_ups_and_rescues_lack(db: psycopg.Connection) -> 
     assert rows["worker_url"][0] is False
     assert "no worker URL, so no HTTP wake-up is sent" in rows["worker_url"][1]
     assert "app.pgqueue_worker_url" in rows["worker_url"][1], "it names the fix"
-    assert rows["service_key"][0] is False
-    assert "the Vault secret pgqueue_service_key" in rows["service_key"][1]
+    assert rows["wake_secret"][0] is False
+    assert "the Vault secret pgqueue_wake_secret" in rows["wake_secret"][1]
     # the test stack pauses the sweeper's pg_cron job
     assert rows["sweeper"][0] is False and "paused" in rows["sweeper"][1]
     assert rows["wake_up_responses"] == (True, "no pg_net response in the last 15 minutes")
 
 
-def test_health_says_where_the_url_and_key_come_from_never_the_key(
+def test_health_says_where_the_url_and_secret_come_from_never_the_secret(
     db: psycopg.Connection,
 ) -> None:
     point_wake_ups(db, "http://127.0.0.1:9/wake", KEY)
     rows = health(db)
     assert rows["worker_url"] == (
         True,
-        "wake-ups go to the URL in the setting app.pgqueue_worker_url",
+        "wake-ups go to the URL in the database setting app.pgqueue_worker_url",
     )
-    assert rows["service_key"] == (
+    assert rows["wake_secret"] == (
         True,
-        "wake-ups carry the key from the setting app.service_role_key",
+        "wake-ups carry the secret from the database setting app.pgqueue_wake_secret",
     )
 
     point_wake_ups(db, None, None)
-    db.execute("select vault.create_secret(%s, 'pgqueue_service_key')", (KEY,))
+    db.execute("select vault.create_secret(%s, 'pgqueue_wake_secret')", (KEY,))
     db.execute("select vault.create_secret('http://127.0.0.1:9/wake', 'pgqueue_worker_url')")
     rows = health(db)
     assert rows["worker_url"] == (
         True,
         "wake-ups go to the URL in the Vault secret pgqueue_worker_url",
     )
-    assert rows["service_key"] == (
+    assert rows["wake_secret"] == (
         True,
-        "wake-ups carry the key from the Vault secret pgqueue_service_key",
+        "wake-ups carry the secret from the Vault secret pgqueue_wake_secret",
     )
     assert all(KEY not in detail for _, detail in rows.values())
 
@@ -88,7 +88,7 @@ def test_without_pg_net_the_migrations_apply_and_health_says_so(
             rows = health(db)
             assert rows["pg_net"][0] is False
             assert rows["pg_net"][1].startswith("pg_net is not enabled, so no HTTP wake-up is sent")
-            assert rows["worker_url"][0] and rows["service_key"][0]
+            assert rows["worker_url"][0] and rows["wake_secret"][0]
             assert "wake_up_responses" not in rows
     finally:
         cluster.destroy()

@@ -107,7 +107,7 @@ def test_readme_describes_only_its_variant(
     readme = (render(template, tmp_path / "app", **variant.answers) / "README.md").read_text()
     style, transport = variant.worker_style, variant.claim_transport
     wakes_by_post = style != "python"
-    assert ("## The wake-up URL and key" in readme) == wakes_by_post
+    assert ("## The wake-up URL and secret" in readme) == wakes_by_post
     assert ("pg_net POST" in readme) == wakes_by_post
     assert (":8000/wake" in readme) == (style == "python-http")
     assert ("/functions/v1/" in readme) == (style == "edge")
@@ -139,7 +139,7 @@ def test_non_default_answers_reach_every_file(template: Path, tmp_path: Path) ->
     metrics = set(re.findall(r"`(pgqueue_\w+)`", (REPO / "docs/observability.md").read_text()))
     sql = re.sub(r"\bpgqueue_\w+", lambda m: "" if m[0] in metrics else m[0], sql)
     assert not re.search(r"\bpgqueue[._]|'pgqueue", sql), "the default schema name leaked"
-    assert "billing_q.jobs" in sql and "'billing_q_service_key'" in sql
+    assert "billing_q.jobs" in sql and "'billing_q_wake_secret'" in sql
     # the setting names seed the config row, which wake() and health() read at run time
     assert "'billing.url', 'billing.key', '* * * * *'," in sql
     assert "'https://worker.example.com/wake'" in sql
@@ -161,7 +161,16 @@ BAD_ANSWERS = [
     ("worker_url", "ftp://example.com/wake", "http:// or https:// URL"),
     ("worker_url", "http://user:pass@example.com/wake", "http:// or https:// URL"),
     ("worker_url", "https://example.com/wake?key=secret", "http:// or https:// URL"),
+    ("worker_url", "http://169.254.169.254/latest/meta-data/", "link-local address or a cloud"),
+    ("worker_url", "http://metadata.google.internal/computeMetadata/v1/", "cloud metadata"),
+    ("worker_url", "http://100.100.100.200/latest/meta-data/", "cloud metadata service"),
+    ("worker_url", "http://2852039166/wake", "IPv4 address written as four decimal numbers"),
+    ("worker_url", "http://0251.0376.0251.0376/wake", "written as four decimal numbers"),
     ("service_key_setting", "service_role_key", "two lowercase identifiers joined by a dot"),
+    ("service_key_setting", "vault.getkey_script", "belongs to an extension"),
+    ("service_key_setting", "pgsodium.getkey_script", "belongs to an extension"),
+    ("worker_url_setting", "pg_net.batch_size", "belongs to an extension"),
+    ("worker_url_setting", "request.jwt", "belongs to an extension or to the Data API"),
     ("service_key_setting", "app.key'; select 1", "two lowercase identifiers"),
     ("service_key_setting", "app.pgqueue_worker_url", "must be different"),
     ("worker_url_setting", "url", "two lowercase identifiers joined by a dot"),

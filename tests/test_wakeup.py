@@ -1,6 +1,6 @@
 """Wake-ups: the statement-level trigger, the real pg_net posting to real HTTP servers (a
-recording sink, and a python-http worker of a rendered project), keys from the GUC and from
-real Vault secrets, and NOTIFY for listening workers."""
+recording sink, and a python-http worker of a rendered project), secrets from the database
+setting and from real Vault secrets, and NOTIFY for listening workers."""
 
 from __future__ import annotations
 
@@ -49,11 +49,12 @@ def http_project(template: Path, interpreter: Path, tmp_path_factory) -> Install
 def http_workers(
     http_project: Installed, stack: Cluster, project: Path, tmp_path: Path
 ) -> Iterator[Workers]:
-    """python-http workers against the stack, with WORKER_KEY as their service key, logging
+    """python-http workers against the stack, with WORKER_KEY as their wake-up secret, logging
     everything (DEBUG), with no idle poll and no linger: only a wake-up brings one in."""
     env = {
         "DB_URL": stack.dsn(user="postgres"),
-        "SERVICE_ROLE_KEY": WORKER_KEY,
+        "SERVICE_ROLE_KEY": "service-key-of-no-use-to-wake-ups",
+        "WAKE_SECRET": WORKER_KEY,
         "WORKER_POLL_INTERVAL": "3600",
         "WORKER_LINGER_SECONDS": "0",
         "LOG_LEVEL": "DEBUG",
@@ -245,7 +246,8 @@ def test_with_notify_listeners_off_an_insert_sends_no_notify_but_its_wake_up(
             point_wake_ups(conn, sink.url, GUC_KEY)
             conn.execute("select pgqueue.enqueue('k')")
             conn.commit()
-        # the same, on again, as a control: the listener hears this one
+        # the same, on again and with no URL, as a control: the listener hears this one
+        point_wake_ups(db, None, None)
         db.execute("""select pgqueue.configure('{"notify_listeners": true}')""")
         db.execute("select pgqueue.enqueue('k', queue => 'mail')")
         received = [n.payload for n in listener.notifies(timeout=1, stop_after=2)]
@@ -256,7 +258,7 @@ def test_with_notify_listeners_off_an_insert_sends_no_notify_but_its_wake_up(
 
 def create_vault_secrets(db: psycopg.Connection, url: str, key: str) -> None:
     db.execute("select vault.create_secret(%s, 'pgqueue_worker_url')", (url,))
-    db.execute("select vault.create_secret(%s, 'pgqueue_service_key')", (key,))
+    db.execute("select vault.create_secret(%s, 'pgqueue_wake_secret')", (key,))
 
 
 def test_vault_secrets_alone_route_the_wake_up(
@@ -282,7 +284,7 @@ def test_the_guc_wins_over_vault(
 
 
 def test_a_vault_key_with_the_guc_url(db: psycopg.Connection, sink: HttpSink) -> None:
-    db.execute("select vault.create_secret(%s, 'pgqueue_service_key')", (VAULT_KEY,))
+    db.execute("select vault.create_secret(%s, 'pgqueue_wake_secret')", (VAULT_KEY,))
     point_wake_ups(db, sink.url, None)
     insert_jobs(db, 1)
     wait_for_pg_net(db)
@@ -361,7 +363,7 @@ def test_a_wrong_key_gets_403_and_runs_nothing_then_the_vault_key_gets_in(
 
     # No key setting, the worker's key in Vault: the next enqueue's wake-up gets in, and the
     # worker's drain runs the waiting job too.
-    db.execute("select vault.create_secret(%s, 'pgqueue_service_key')", (WORKER_KEY,))
+    db.execute("select vault.create_secret(%s, 'pgqueue_wake_secret')", (WORKER_KEY,))
     point_wake_ups(db, f"{worker.url}/wake", None)
     fresh = email(db)
     wait_until(lambda: {job(db, i)["status"] for i in (stale, fresh)} == {"done"})
@@ -392,7 +394,7 @@ def test_no_key_reaches_a_log(
         email(db)  # nothing listens there
         point_wake_ups(db, "http://127.0.0.1:notaport/wake", GUC_KEY)
         email(db)  # pg_net refuses the URL: the trigger's warning
-        db.execute("select vault.create_secret(%s, 'pgqueue_service_key')", (VAULT_KEY,))
+        db.execute("select vault.create_secret(%s, 'pgqueue_wake_secret')", (VAULT_KEY,))
         point_wake_ups(db, wake, None)
         email(db)  # 403, with the Vault key
         point_wake_ups(db, sink.url, None)

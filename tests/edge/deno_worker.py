@@ -54,13 +54,18 @@ class Deno:
         return proc.stdout + proc.stderr
 
 
+# The wake-up secret the function runs with in tests (`supabase secrets set` on a project).
+EDGE_WAKE_SECRET = "edge-wake-secret-of-the-tests-0123456789"
+
+
 @dataclass
 class EdgeWorker:
     """The rendered function's own index.ts, served by `deno run` on 127.0.0.1."""
 
     process: subprocess.Popen
     url: str
-    key: str
+    key: str  # its service key: the Data API's and the metrics'
+    wake_secret: str  # what its wake-ups present
     lines: list[str] = field(default_factory=list)
     reader: threading.Thread | None = None
 
@@ -99,6 +104,7 @@ def start_edge_worker(
     env = deno.env(
         SUPABASE_URL=api.url,
         SUPABASE_SERVICE_ROLE_KEY=key,
+        PGQUEUE_WAKE_SECRET=EDGE_WAKE_SECRET,
         # Deno.serve() in index.ts listens where this says (port 0: any free port).
         DENO_SERVE_ADDRESS="tcp:127.0.0.1:0",
         **settings,
@@ -118,7 +124,7 @@ def start_edge_worker(
         stderr=subprocess.STDOUT,
         text=True,
     )
-    worker = EdgeWorker(process, url="", key=key)
+    worker = EdgeWorker(process, url="", key=key, wake_secret=EDGE_WAKE_SECRET)
     listening: queue.Queue[str] = queue.Queue()
 
     def read() -> None:

@@ -58,7 +58,7 @@ def wake(worker: EdgeWorker) -> dict:
     """One wake-up, as the database's POST would be."""
     response = httpx.post(
         worker.url,
-        headers={"Authorization": f"Bearer {worker.key}"},
+        headers={"Authorization": f"Bearer {worker.wake_secret}"},
         json={"reason": "test", "queues": ["default"]},
     )
     assert response.status_code == 202, response.text

@@ -24,8 +24,9 @@ from .deno_worker import Deno, EdgeWorker, SlowReceiver, start_edge_worker, stop
 
 
 def point_wakeups_at(db: psycopg.Connection, worker: EdgeWorker, key: str | None = None) -> None:
-    """What `alter database ... set` does on a real project, for this session only."""
-    point_wake_ups(db, worker.url, key or worker.key)
+    """Where the database's wake-ups go, and the secret they carry (the function's own unless
+    `key` says otherwise), as `alter database ... set` makes them on a real project."""
+    point_wake_ups(db, worker.url, key or worker.wake_secret)
 
 
 def insert_jobs(db: psycopg.Connection, *jobs: dict) -> list[int]:
@@ -159,15 +160,17 @@ def test_a_wrong_bearer_gets_403_and_claims_nothing(
 ) -> None:
     for headers in (
         {"Authorization": "Bearer not-the-service-key"},
-        {"Authorization": f"Basic {edge_worker.key}"},
+        {"Authorization": f"Basic {edge_worker.wake_secret}"},
+        # the service key the function runs with opens the Data API, not the wake-up
+        {"Authorization": f"Bearer {edge_worker.key}"},
         {},
     ):
         response = httpx.post(edge_worker.url, headers=headers, json={"queues": ["default"]})
         assert response.status_code == 403, headers
-        assert "Bearer <service key>" in response.json()["error"]
+        assert "Bearer <wake-up secret>" in response.json()["error"]
 
     # The database's wake-up with the wrong key gets the same answer, and the job waits.
-    point_wakeups_at(db, edge_worker, key="a-stale-key")
+    point_wakeups_at(db, edge_worker, key="a-stale-wake-secret-0123456789")
     insert_jobs(db, {"kind": "send_email", "payload": {"to": "a@b.co", "subject": "x", "text": ""}})
     wait_for_pg_net(db)
     assert wake_responses(db) == [403]

@@ -43,9 +43,13 @@ def bearers(key: str) -> dict[str, dict[str, str]]:
 def test_wake_refuses_bad_bearers_and_big_bodies_and_claims_nothing(
     db: psycopg.Connection, fleet: Fleet, audit_dir: Path
 ) -> None:
-    key = make_jwt("service_role")
+    key = "wake-secret-of-the-reliability-suite-0123"
     worker = fleet(
-        HTTP, SERVICE_ROLE_KEY=key, WORKER_POLL_INTERVAL=60, WORKER_LINGER_SECONDS=0
+        HTTP,
+        SERVICE_ROLE_KEY=make_jwt("service_role"),
+        WAKE_SECRET=key,
+        WORKER_POLL_INTERVAL=60,
+        WORKER_LINGER_SECONDS=0,
     ).start()
     # no wake-up configured in this session, no linger: only the requests below can wake the
     # worker

@@ -13,7 +13,7 @@ import psycopg
 
 from testkit.cluster import Cluster
 from testkit.postgrest import make_jwt
-from testkit.stack import point_wake_ups, wait_for_pg_net, wake_up_settings
+from testkit.stack import point_wake_ups, wait_for_pg_net
 
 from .conftest import HTTP, Fleet
 from .harness import (
@@ -35,11 +35,15 @@ def test_lost_wakeups_are_made_up_by_the_sweeper(
     fleet: Fleet,
     audit_dir: Path,
 ) -> None:
-    key = make_jwt("service_role")
+    key = "wake-secret-of-the-reliability-suite-0123"
     # no idle poll and no linger (it waits on LISTEN) during the test: only wake-ups (the
     # sweeper's re-wake here) bring it in
     worker = fleet(
-        HTTP, SERVICE_ROLE_KEY=key, WORKER_POLL_INTERVAL=3600, WORKER_LINGER_SECONDS=0
+        HTTP,
+        SERVICE_ROLE_KEY=make_jwt("service_role"),
+        WAKE_SECRET=key,
+        WORKER_POLL_INTERVAL=3600,
+        WORKER_LINGER_SECONDS=0,
     ).start()
     door = Door(worker.port)
     door.open()
@@ -50,7 +54,7 @@ def test_lost_wakeups_are_made_up_by_the_sweeper(
     plan = Plan.soak(3_000, max_attempts=3, seed=23)
     up_front, during_outage = Plan(plan.jobs[:1_000]), Plan(plan.jobs[1_000:])
 
-    sweeper = Sweeper(stack.dsn(), session_sql=wake_up_settings(wake_url, key))
+    sweeper = Sweeper(stack.dsn())
     with sweeper:  # pg_cron, all along
         ids = enqueue_plan(db, up_front, chunk=100)  # 10 statements, 10 wake-ups
         wait_drained(stack.dsn(), timeout=30)
@@ -92,11 +96,15 @@ def test_with_every_wake_up_lost_the_idle_poll_drains_the_queue(
 ) -> None:
     """No sweeper (pg_cron is down too) and a worker URL that refuses every wake-up: the
     worker, polling every 2 s when idle, still finds and runs every job."""
-    key = make_jwt("service_role")
+    key = "wake-secret-of-the-reliability-suite-0123"
     poll_s = 2.0
     # no linger (it waits on LISTEN): only the idle poll finds the jobs
     worker = fleet(
-        HTTP, SERVICE_ROLE_KEY=key, WORKER_POLL_INTERVAL=poll_s, WORKER_LINGER_SECONDS=0
+        HTTP,
+        SERVICE_ROLE_KEY=make_jwt("service_role"),
+        WAKE_SECRET=key,
+        WORKER_POLL_INTERVAL=poll_s,
+        WORKER_LINGER_SECONDS=0,
     ).start()
     closed = Door(worker.port)  # never opened: its port refuses connections
     point_wake_ups(db, closed.url, key)

@@ -14,11 +14,7 @@ import psycopg
 
 from testkit.cluster import Cluster
 from testkit.postgrest import make_jwt
-from testkit.stack import (
-    point_wake_ups,
-    wait_for_pg_net,
-    wake_up_settings,
-)
+from testkit.stack import point_wake_ups, wait_for_pg_net
 from tests.support.jobs import wait_until
 
 from .conftest import HTTP, Fleet
@@ -46,10 +42,14 @@ def test_an_endpoint_slower_than_the_request_timeout(
     """While the worker's URL takes every request and answers none for 5 s, each wake-up
     times out after 2 s and the jobs wait; each batch of pg_net's waits out the timeout of
     its slowest request. Once the URL answers again, the sweeper's re-wake drains them."""
-    key = make_jwt("service_role")
+    key = "wake-secret-of-the-reliability-suite-0123"
     # no idle poll and no linger (it waits on LISTEN): only wake-ups bring it in
     worker = fleet(
-        HTTP, SERVICE_ROLE_KEY=key, WORKER_POLL_INTERVAL=3600, WORKER_LINGER_SECONDS=0
+        HTTP,
+        SERVICE_ROLE_KEY=make_jwt("service_role"),
+        WAKE_SECRET=key,
+        WORKER_POLL_INTERVAL=3600,
+        WORKER_LINGER_SECONDS=0,
     ).start()
     door = Door(worker.port)
     door.open()
@@ -57,7 +57,7 @@ def test_an_endpoint_slower_than_the_request_timeout(
     plan = Plan.soak(2_000, max_attempts=3, seed=31)
     up_front, while_slow = Plan(plan.jobs[:500]), Plan(plan.jobs[500:])
 
-    with Sweeper(stack.dsn(), session_sql=wake_up_settings(door.url, key)) as sweeper:
+    with Sweeper(stack.dsn()) as sweeper:
         ids = enqueue_plan(db, up_front, chunk=100)  # 5 wake-ups, answered
         wait_drained(stack.dsn(), timeout=30)
         door.slow(hold=5)
@@ -103,10 +103,14 @@ def test_pg_net_worker_restarted_in_the_middle_of_a_stream(
     """One job per statement at 50 a second, and pg_net's background worker restarted
     (`select net.worker_restart()`) three times meanwhile: its queue is a table, so the
     requests queued while it was down go out when it is back."""
-    key = make_jwt("service_role")
+    key = "wake-secret-of-the-reliability-suite-0123"
     # no idle poll and no linger (it waits on LISTEN): only wake-ups bring it in
     worker = fleet(
-        HTTP, SERVICE_ROLE_KEY=key, WORKER_POLL_INTERVAL=3600, WORKER_LINGER_SECONDS=0
+        HTTP,
+        SERVICE_ROLE_KEY=make_jwt("service_role"),
+        WAKE_SECRET=key,
+        WORKER_POLL_INTERVAL=3600,
+        WORKER_LINGER_SECONDS=0,
     ).start()
     wake_url = f"{worker.url}/wake"
     point_wake_ups(db, wake_url, key)
@@ -119,7 +123,7 @@ def test_pg_net_worker_restarted_in_the_middle_of_a_stream(
             restarts.append(bool(row and row[0]))
 
     started = time.monotonic()
-    with Sweeper(stack.dsn(), session_sql=wake_up_settings(wake_url, key)) as sweeper:
+    with Sweeper(stack.dsn()) as sweeper:
         ids = stream(db, plan, rate=50, at={150: restart, 300: restart, 450: restart})
         drained = wait_drained(stack.dsn(), timeout=60)
     elapsed = time.monotonic() - started
@@ -160,12 +164,13 @@ def test_server_restarts_lose_pg_nets_queue_and_the_sweeper_makes_up_for_it(
     and pg_net sends them when the server is back; an immediate one (a crash) empties its
     queue, so those wake-ups are never sent. The sweeper's re-wake brings the worker back in
     either way."""
-    key = make_jwt("service_role")
+    key = "wake-secret-of-the-reliability-suite-0123"
     # no idle poll and no linger (it waits on LISTEN): only wake-ups bring it in
     worker = fleet(
         HTTP,
         DB_URL=own_cluster.dsn(),
-        SERVICE_ROLE_KEY=key,
+        SERVICE_ROLE_KEY=make_jwt("service_role"),
+        WAKE_SECRET=key,
         WORKER_POLL_INTERVAL=3600,
         WORKER_LINGER_SECONDS=0,
     ).start()
@@ -178,7 +183,7 @@ def test_server_restarts_lose_pg_nets_queue_and_the_sweeper_makes_up_for_it(
     outages: list[tuple[float, float]] = []
 
     started = time.monotonic()
-    with Sweeper(own_cluster.dsn(), session_sql=wake_up_settings(wake_url, key)) as sweeper:
+    with Sweeper(own_cluster.dsn()) as sweeper:
         for mode, part in halves.items():
             with own_cluster.connect(autocommit=True) as conn:
                 point_wake_ups(conn, wake_url, key)

@@ -43,10 +43,10 @@ def test_job_enqueued_with_a_domain_row_runs_once(
     installed: Installed,
     workers: Workers,
     db: psycopg.Connection,
-    service_role_key: str,
+    wake_secret: str,
     tmp_path: Path,
 ) -> None:
-    worker = workers.start_woken(db, service_role_key)
+    worker = workers.start_woken(db, wake_secret)
     db.execute("create table if not exists public.e2e_orders (id serial primary key, note text)")
     log = tmp_path / "runs.jsonl"
     # the pattern the README shows: the job commits (or rolls back) with the row it is about
@@ -143,10 +143,10 @@ def test_worker_reconnects_after_losing_its_connections(
     installed: Installed,
     workers: Workers,
     db: psycopg.Connection,
-    service_role_key: str,
+    wake_secret: str,
     tmp_path: Path,
 ) -> None:
-    worker = workers.start_woken(db, service_role_key, WORKER_POLL_INTERVAL=60)
+    worker = workers.start_woken(db, wake_secret, WORKER_POLL_INTERVAL=60)
     log = tmp_path / "runs.jsonl"
     until_status(db, enqueue(db, log=str(log)), "done")  # connected and working
     killed = db.execute(
@@ -163,10 +163,10 @@ def test_failures_are_retried_dead_lettered_and_the_worker_goes_on(
     installed: Installed,
     workers: Workers,
     db: psycopg.Connection,
-    service_role_key: str,
+    wake_secret: str,
     tmp_path: Path,
 ) -> None:
-    worker = workers.start_woken(db, service_role_key)
+    worker = workers.start_woken(db, wake_secret)
     log = tmp_path / "runs.jsonl"
     raising = enqueue(db, log=str(log), error="boom", max_attempts=2)
     invalid = enqueue(db, log=42, sleep="long")
@@ -199,13 +199,13 @@ def test_a_quick_job_is_recorded_done_while_long_ones_hold_the_other_slots(
     installed: Installed,
     workers: Workers,
     db: psycopg.Connection,
-    service_role_key: str,
+    wake_secret: str,
     tmp_path: Path,
 ) -> None:
     """Four slots, and three long jobs and a quick one in the first claim: no claim follows
     the quick job (the next one waits for two free slots), yet its success is recorded at
     once, sent on its own, while the long jobs run. Theirs ride along with the next claim."""
-    worker = workers.start_woken(db, service_role_key, WORKER_BATCH_SIZE=4)
+    worker = workers.start_woken(db, wake_secret, WORKER_BATCH_SIZE=4)
     log = tmp_path / "runs.jsonl"
     with db.transaction():  # one wake-up, one claim
         long = [enqueue(db, log=str(log), sleep=4) for _ in range(3)]
@@ -222,10 +222,10 @@ def test_jobs_of_a_killed_worker_complete_on_another_after_the_sweep(
     installed: Installed,
     workers: Workers,
     db: psycopg.Connection,
-    service_role_key: str,
+    wake_secret: str,
     tmp_path: Path,
 ) -> None:
-    first = workers.start_woken(db, service_role_key, WORKER_LEASE_SECONDS=1)
+    first = workers.start_woken(db, wake_secret, WORKER_LEASE_SECONDS=1)
     log = tmp_path / "runs.jsonl"
     # One commit: the first worker gets them all in its first claim. (Enqueued one by one,
     # the python-http worker would take the first and then wait for it, 60 s, before it
@@ -239,7 +239,7 @@ def test_jobs_of_a_killed_worker_complete_on_another_after_the_sweep(
     assert {job(db, i)["status"] for i in ids} == {"running"}
 
     if installed.http:
-        wake_to(db, second, service_role_key)
+        wake_to(db, second, wake_secret)
     # rescued: queued again after a backoff of 2.5 s or more, the lost lease recorded (a job
     # done later is kept by batch, without its error)
     rescued = until_status(db, ids[0], "queued", timeout=10, tick=sweeper(db), interval=0.3)
@@ -255,10 +255,10 @@ def test_sigterm_lets_running_jobs_finish_and_exits_0(
     installed: Installed,
     workers: Workers,
     db: psycopg.Connection,
-    service_role_key: str,
+    wake_secret: str,
     tmp_path: Path,
 ) -> None:
-    worker = workers.start_woken(db, service_role_key)
+    worker = workers.start_woken(db, wake_secret)
     log = tmp_path / "runs.jsonl"
     ids = [enqueue(db, log=str(log), sleep=1.5) for _ in range(2)]
     wait_until(lambda: all(runs(log, i) for i in ids), what="both jobs to start")
@@ -273,10 +273,10 @@ def test_sigterm_releases_jobs_that_outlast_the_grace_period(
     installed: Installed,
     workers: Workers,
     db: psycopg.Connection,
-    service_role_key: str,
+    wake_secret: str,
     tmp_path: Path,
 ) -> None:
-    worker = workers.start_woken(db, service_role_key, WORKER_SHUTDOWN_GRACE=0.5)
+    worker = workers.start_woken(db, wake_secret, WORKER_SHUTDOWN_GRACE=0.5)
     log = tmp_path / "runs.jsonl"
     job_id = enqueue(db, log=str(log), sleep=60)
     wait_until(lambda: runs(log, job_id), what="the job to start")
@@ -297,6 +297,7 @@ def test_wake_endpoint_refuses_a_missing_or_wrong_bearer(
     installed: Installed,
     workers: Workers,
     db: psycopg.Connection,
+    wake_secret: str,
     service_role_key: str,
     tmp_path: Path,
 ) -> None:
@@ -308,7 +309,9 @@ def test_wake_endpoint_refuses_a_missing_or_wrong_bearer(
         {},
         {"Authorization": "Bearer wrong"},
         {"Authorization": f"Bearer {make_jwt('anon')}"},
-        {"Authorization": service_role_key},
+        {"Authorization": wake_secret},
+        # the service key opens the Data API, never the wake endpoint
+        {"Authorization": f"Bearer {service_role_key}"},
     ]
     for headers in refused:
         response = httpx.post(f"{worker.url}/wake", headers=headers, json={"queues": ["default"]})
@@ -318,7 +321,7 @@ def test_wake_endpoint_refuses_a_missing_or_wrong_bearer(
     assert (untouched["status"], untouched["attempts"]) == ("queued", 0)
     assert runs(log, job_id) == []
 
-    headers = {"Authorization": f"Bearer {service_role_key}"}
+    headers = {"Authorization": f"Bearer {wake_secret}"}
     response = httpx.post(f"{worker.url}/wake", headers=headers, json={"queues": ["default"]})
     assert response.status_code == 202
     until_status(db, job_id, "done")
@@ -328,10 +331,10 @@ def test_heartbeats_keep_a_claim_leased_and_stop_only_a_cancelled_job(
     installed: Installed,
     workers: Workers,
     db: psycopg.Connection,
-    service_role_key: str,
+    wake_secret: str,
     tmp_path: Path,
 ) -> None:
-    worker = workers.start_woken(db, service_role_key, WORKER_LEASE_SECONDS=2)
+    worker = workers.start_woken(db, wake_secret, WORKER_LEASE_SECONDS=2)
     log = tmp_path / "runs.jsonl"
     with db.transaction():  # one claim takes all three
         kept = [enqueue(db, log=str(log), sleep=3.5) for _ in range(2)]
@@ -358,13 +361,13 @@ def test_a_payload_too_deep_to_decode_fails_its_own_job_only(
     installed: Installed,
     workers: Workers,
     db: psycopg.Connection,
-    service_role_key: str,
+    wake_secret: str,
     tmp_path: Path,
 ) -> None:
     """jsonb keeps 5,000 levels of nesting; Python's json module stops near 1,000. Claimed in
     the same batch as good jobs, the deep one must fail alone, with the reason stored (over
     the Data API too: claim's payload comes as text and is decoded job by job)."""
-    worker = workers.start_woken(db, service_role_key, WORKER_BATCH_SIZE=10)
+    worker = workers.start_woken(db, wake_secret, WORKER_BATCH_SIZE=10)
     log = tmp_path / "runs.jsonl"
     depth = 5_000
     with db.transaction():  # one wake-up, one batch: the deep job and its neighbours
@@ -406,14 +409,14 @@ def test_a_job_claimed_while_lingering_keeps_its_lease(
     installed: Installed,
     workers: Workers,
     db: psycopg.Connection,
-    service_role_key: str,
+    wake_secret: str,
     tmp_path: Path,
 ) -> None:
     """After a wake-up the app lingers; a long job it finds then is heartbeaten like any other."""
     worker = workers.start(
         WORKER_LEASE_SECONDS=2, WORKER_POLL_INTERVAL=3600, WORKER_LINGER_SECONDS=10
     )
-    headers = {"Authorization": f"Bearer {service_role_key}"}
+    headers = {"Authorization": f"Bearer {wake_secret}"}
     assert httpx.post(f"{worker.url}/wake", headers=headers, json={}).status_code == 202
     time.sleep(0.5)  # the queue was empty: the app lingers now, and no wake-up is configured
     log = tmp_path / "runs.jsonl"

@@ -41,11 +41,11 @@ def test_a_handlers_result_and_progress_are_read_by_job_id(
     installed: Installed,
     workers: Workers,
     flow: psycopg.Connection,
-    service_role_key: str,
+    wake_secret: str,
     tmp_path: Path,
 ) -> None:
     db = flow
-    worker = workers.start_woken(db, service_role_key)
+    worker = workers.start_woken(db, wake_secret)
     log = tmp_path / "runs.jsonl"
     result = {"rows": 2, "names": ["Ada", "Zoë"], "ok": True}
     job_id = enqueue(db, log=str(log), progress={"done": 1, "of": 2}, sleep=2, result=result)
@@ -75,7 +75,7 @@ def test_results_the_queue_cannot_store_fail_their_own_jobs_only(
     workers: Workers,
     flow: psycopg.Connection,
     config: dict,
-    service_role_key: str,
+    wake_secret: str,
     tmp_path: Path,
 ) -> None:
     """With max_result_bytes 1000: a result the worker measures over it, one it measures under
@@ -84,7 +84,7 @@ def test_results_the_queue_cannot_store_fail_their_own_jobs_only(
     with their results, and the worker goes on."""
     db = flow
     db.execute("""select pgqueue.configure('{"max_result_bytes": 1000}')""")
-    worker = workers.start_woken(db, service_role_key, WORKER_BATCH_SIZE=10)
+    worker = workers.start_woken(db, wake_secret, WORKER_BATCH_SIZE=10)
     log = tmp_path / "runs.jsonl"
     with db.transaction():  # one wake-up: the bad ones among good ones in the first claims
         good = [enqueue(db, log=str(log), result={"n": n}) for n in range(3)]
@@ -129,7 +129,7 @@ def test_a_concurrency_limit_holds_across_worker_processes(
     workers: Workers,
     flow: psycopg.Connection,
     stack: Cluster,
-    service_role_key: str,
+    wake_secret: str,
     tmp_path: Path,
 ) -> None:
     """Two workers of four slots each, and a key limited to 1: an auditor sampling the running
@@ -137,7 +137,7 @@ def test_a_concurrency_limit_holds_across_worker_processes(
     starting after the one before ended; jobs without a key run side by side meanwhile."""
     db = flow
     assert db.execute("select pgqueue.set_concurrency_limit('e2e-tenant', 1)").fetchone() == (1,)
-    workers.start_woken(db, service_role_key, WORKER_NAME="first")
+    workers.start_woken(db, wake_secret, WORKER_NAME="first")
     workers.start(WORKER_NAME="second")  # polls (HTTP: wake-ups go to the first)
     log = tmp_path / "runs.jsonl"
     with running_of_key(stack, "e2e-tenant") as samples:
@@ -169,13 +169,13 @@ def test_a_paused_queue_is_not_worked_until_resumed(
     installed: Installed,
     workers: Workers,
     flow: psycopg.Connection,
-    service_role_key: str,
+    wake_secret: str,
     tmp_path: Path,
 ) -> None:
     """Paused while a job runs: that job finishes, a new one waits untouched; resumed (the
     workers are woken), it runs."""
     db = flow
-    worker = workers.start_woken(db, service_role_key)
+    worker = workers.start_woken(db, wake_secret)
     log = tmp_path / "runs.jsonl"
     running = enqueue(db, log=str(log), sleep=1.5)
     wait_until(lambda: runs(log, running), what="the first job to start")

@@ -69,10 +69,10 @@ def test_worker_counts_every_outcome_per_kind(
     installed: Installed,
     workers: Workers,
     db: psycopg.Connection,
-    service_role_key: str,
+    wake_secret: str,
     tmp_path: Path,
 ) -> None:
-    worker, port = start(workers, db, service_role_key)
+    worker, port = start(workers, db, wake_secret)
     log = str(tmp_path / "runs.jsonl")
     with db.transaction():
         ok = [enqueue(db, log=log) for _ in range(4)]
@@ -146,10 +146,10 @@ def test_the_queue_gauges_are_the_databases_and_the_dashboard_queries_what_is_se
     installed: Installed,
     workers: Workers,
     db: psycopg.Connection,
-    service_role_key: str,
+    wake_secret: str,
     tmp_path: Path,
 ) -> None:
-    _, port = start(workers, db, service_role_key)
+    _, port = start(workers, db, wake_secret)
     log = str(tmp_path / "runs.jsonl")
     with db.transaction():
         done = enqueue(db, log=log)

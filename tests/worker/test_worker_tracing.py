@@ -26,7 +26,7 @@ def test_a_job_enqueued_by_the_cli_runs_in_a_child_span_of_the_enqueue(
     workers: Workers,
     stack_env: dict,
     db: psycopg.Connection,
-    service_role_key: str,
+    wake_secret: str,
 ) -> None:
     with HttpSink(status=200) as collector:
         endpoint = collector.url.removesuffix("/wake")
@@ -54,7 +54,7 @@ def test_a_job_enqueued_by_the_cli_runs_in_a_child_span_of_the_enqueue(
         producer = exported("pgqueue.enqueue send_email")
         assert bytes.fromhex(trace_id) in producer and bytes.fromhex(enqueue_span_id) in producer
 
-        workers.start_woken(db, service_role_key, **tracing)
+        workers.start_woken(db, wake_secret, **tracing)
         consumer = wait_until(lambda: exported("pgqueue.job send_email"), what="the job's span")
         # The same trace, and the enqueue's span as its parent.
         assert bytes.fromhex(trace_id) in consumer

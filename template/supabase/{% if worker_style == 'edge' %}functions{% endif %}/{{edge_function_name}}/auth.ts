@@ -1,5 +1,6 @@
-// Machinery: who may wake the worker. The database sends `Authorization: Bearer <key>`
-// with the service key; anything else is refused.
+// Machinery: who may wake the worker or read its metrics. The database's wake-ups carry
+// `Authorization: Bearer <wake-up secret>`; a metrics scrape, the service key. Anything else
+// is refused.
 
 const encoder = new TextEncoder();
 

@@ -49,7 +49,9 @@ export function createWakeHandler(
   const { settings, handlers } = options;
   const log = options.log ?? logJson;
   const waitUntil = options.waitUntil ?? edgeRuntimeWaitUntil();
+  // Metrics are read with the service key; a wake-up presents the wake-up secret only.
   const isAuthorized = bearerCheck(settings.serviceKeys);
+  const isWakeUp = bearerCheck([settings.wakeSecret]);
   const workerId = `${FUNCTION_NAME}:${crypto.randomUUID().slice(0, 8)}`;
   // The drains under way in this instance, each with its work as handed to waitUntil.
   const drains = new Map<Drain, Promise<void>>();
@@ -86,11 +88,11 @@ export function createWakeHandler(
         Allow: "POST",
       });
     }
-    if (!(await isAuthorized(request.headers.get("authorization")))) {
+    if (!(await isWakeUp(request.headers.get("authorization")))) {
       await request.body?.cancel();
       return reply(403, {
-        error: "Forbidden: send `Authorization: Bearer <service key>` with the " +
-          "key this function runs with.",
+        error: "Forbidden: send `Authorization: Bearer <wake-up secret>` with the secret " +
+          "this function runs with (PGQUEUE_WAKE_SECRET).",
       });
     }
     let wake: Wake;

@@ -4,6 +4,7 @@ import { loadSettings, SettingsError } from "./settings.ts";
 const base = {
   SUPABASE_URL: "http://127.0.0.1:54321",
   SUPABASE_SERVICE_ROLE_KEY: "service-role-jwt",
+  PGQUEUE_WAKE_SECRET: "wake-secret-0123456789",
 };
 
 function env(values: Record<string, string>) {
@@ -92,4 +93,20 @@ Deno.test("errors name the variable and what to do", () => {
     () => loadSettings(env({ ...base, SUPABASE_SECRET_KEYS: "sb_secret_x" })),
     /SUPABASE_SECRET_KEYS must be a JSON object/,
   );
+});
+
+Deno.test("the wake-up secret is required and never an API key", () => {
+  const { PGQUEUE_WAKE_SECRET: _, ...without } = base;
+  assert.throws(() => loadSettings(env(without)), /PGQUEUE_WAKE_SECRET is not set/);
+  for (const key of ["eyJhbGciOiJIUzI1NiJ9.e30.x", "sb_secret_abc", "service-role-jwt"]) {
+    assert.throws(
+      () => loadSettings(env({ ...base, PGQUEUE_WAKE_SECRET: key })),
+      /must not be a Supabase API key/,
+    );
+  }
+  assert.throws(
+    () => loadSettings(env({ ...base, PGQUEUE_WAKE_SECRET: "short" })),
+    /at least 16 characters/,
+  );
+  assert.equal(loadSettings(env(base)).wakeSecret, base.PGQUEUE_WAKE_SECRET);
 });

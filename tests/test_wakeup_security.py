@@ -1,0 +1,269 @@
+"""Who can redirect a wake-up or read its secret (issue 38, findings 1, 2 and 8), each probe
+run against the real pg_net and Vault: a role that may only INSERT into a table whose trigger
+enqueues, SETting the wake-up settings in its own session; `anon` reading pg_net's queue while
+a wake-up waits in it; a Supabase API key given as the wake-up secret; and configure() given a
+metadata-service URL, credentials in a URL or an extension's setting as the secret's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from testkit.cluster import Cluster
+from testkit.postgrest import make_jwt
+from testkit.stack import point_wake_ups, wait_for_pg_net
+from tests.support.http_sink import HttpSink
+
+SECRET = "wake-secret-for-tests-not-a-real-one"
+
+
+@pytest.fixture
+def sink() -> Iterator[HttpSink]:
+    with HttpSink() as server:
+        yield server
+
+
+@pytest.fixture
+def attacker() -> Iterator[HttpSink]:
+    """A server of the probing role's own."""
+    with HttpSink() as server:
+        yield server
+
+
+@pytest.fixture
+def order_writer(db: psycopg.Connection) -> Iterator[str]:
+    """A role whose only right is INSERT on public.orders, whose trigger (the app's,
+    SECURITY DEFINER, owned by postgres) enqueues a job for each new order."""
+    db.execute(
+        """
+        create role order_writer login;
+        create table public.orders (id bigint primary key);
+        create function public.orders_enqueue() returns trigger
+        language plpgsql security definer set search_path = '' as $$
+        begin
+          perform pgqueue.enqueue('order.placed', jsonb_build_object('order', new.id));
+          return null;
+        end;
+        $$;
+        create trigger orders_enqueue after insert on public.orders
+          for each row execute function public.orders_enqueue();
+        grant usage on schema public to order_writer;
+        grant insert on public.orders to order_writer;
+        """
+    )
+    yield "order_writer"
+    db.execute(
+        "drop table public.orders; drop function public.orders_enqueue();"
+        " drop owned by order_writer; drop role order_writer"
+    )
+
+
+def insert_order_redirected(stack: Cluster, url: str, secret: str | None) -> None:
+    """Logged in as order_writer: SET the queue's URL (and secret) settings in the session to the
+    role's own, then insert an order."""
+    with psycopg.connect(stack.dsn(user="order_writer")) as conn:
+        url_setting, secret_setting = ("app.pgqueue_worker_url", "app.pgqueue_wake_secret")
+        conn.execute("select set_config(%s, %s, false)", (url_setting, url))
+        if secret is not None:
+            conn.execute("select set_config(%s, %s, false)", (secret_setting, secret))
+        conn.execute("insert into public.orders values (1)")
+        conn.commit()
+
+
+def test_a_role_that_may_only_insert_cannot_redirect_a_wake_up_set_on_the_database(
+    db: psycopg.Connection, stack: Cluster, order_writer: str, sink: HttpSink, attacker: HttpSink
+) -> None:
+    point_wake_ups(db, sink.url, SECRET)
+    insert_order_redirected(stack, attacker.url, None)
+    wait_for_pg_net(db)
+    assert [r.headers.get("Authorization") for r in attacker.requests] == []
+    assert [r.headers["Authorization"] for r in sink.requests] == [f"Bearer {SECRET}"]
+
+
+def test_a_role_that_may_only_insert_cannot_redirect_a_wake_up_set_in_vault(
+    db: psycopg.Connection, stack: Cluster, order_writer: str, sink: HttpSink, attacker: HttpSink
+) -> None:
+    db.execute("select vault.create_secret(%s, 'pgqueue_worker_url')", (sink.url,))
+    db.execute("select vault.create_secret(%s, 'pgqueue_wake_secret')", (SECRET,))
+    # the secret a project upgraded from 0.1.0 may still have: never read since 1.0.0
+    db.execute("select vault.create_secret(%s, 'pgqueue_service_key')", (make_jwt("service_role"),))
+    insert_order_redirected(stack, attacker.url, None)
+    wait_for_pg_net(db)
+    assert [r.headers.get("Authorization") for r in attacker.requests] == []
+    assert [r.headers["Authorization"] for r in sink.requests] == [f"Bearer {SECRET}"]
+
+
+def test_a_role_level_setting_does_not_redirect_a_wake_up_either(
+    db: psycopg.Connection, stack: Cluster, order_writer: str, sink: HttpSink, attacker: HttpSink
+) -> None:
+    """`alter role ... set` applies to that role's sessions only: the queue reads the
+    database's own setting (setrole = 0)."""
+    point_wake_ups(db, sink.url, SECRET)
+    db.execute(
+        sql.SQL("alter role order_writer set app.pgqueue_worker_url = {}").format(attacker.url)
+    )
+    with psycopg.connect(stack.dsn(user="order_writer")) as conn:
+        conn.execute("insert into public.orders values (1)")
+        conn.commit()
+    wait_for_pg_net(db)
+    assert attacker.requests == []
+    assert len(sink.requests) == 1
+
+
+@pytest.mark.parametrize("role", ["anon", "authenticated"])
+def test_a_pending_wake_up_is_not_readable_by_api_roles(
+    db: psycopg.Connection, stack: Cluster, role: str
+) -> None:
+    """The request waits in net.http_request_queue until pg_net's worker takes it; in the
+    enqueuing transaction it is there for certain, and the probe reads it from there."""
+    point_wake_ups(db, "http://127.0.0.1:9/wake", SECRET)
+    with stack.connect() as conn:
+        conn.execute("select pgqueue.enqueue('probe')")
+        assert conn.execute("select count(*) from net.http_request_queue").fetchone() == (1,)
+        conn.execute(f"set local role {role}")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("select headers ->> 'Authorization' from net.http_request_queue")
+        conn.rollback()
+    with stack.connect() as conn:
+        conn.execute(f"set role {role}")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("select count(*) from net._http_response")
+
+
+@pytest.mark.parametrize(
+    "api_key",
+    [make_jwt("service_role"), make_jwt("anon"), "sb_secret_0123456789abcdefghijklmnop"],
+    ids=["service_role-jwt", "anon-jwt", "sb_secret"],
+)
+def test_a_supabase_api_key_is_never_sent_as_the_wake_up_secret(
+    db: psycopg.Connection, stack: Cluster, sink: HttpSink, api_key: str
+) -> None:
+    """The secret a wake-up carries lies in pg_net's queue, readable where pg_net's grants
+    stay (hosted Supabase): it must be one that only wakes the worker."""
+    point_wake_ups(db, sink.url, api_key)
+    notices: list[str] = []
+    with stack.connect(autocommit=True) as conn:
+        conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+        conn.execute("select pgqueue.enqueue('probe')")
+    wait_for_pg_net(db)
+    assert sink.requests == []
+    assert any("wake-up not sent" in n and "is a Supabase API key" in n for n in notices), notices
+    assert not any(api_key in n for n in notices)
+    ok, detail = dict(
+        (c, (o, d)) for c, o, d in db.execute("select * from pgqueue.health()").fetchall()
+    )["wake_secret"]
+    assert not ok and "is a Supabase API key" in detail and api_key not in detail
+
+
+REFUSED_URLS = [
+    "http://169.254.169.254/latest/meta-data/",
+    "http://169.254.170.2/v2/credentials",
+    "http://[fe80::1]/wake",
+    "http://[::ffff:169.254.169.254]/",
+    "http://metadata.google.internal/computeMetadata/v1/",
+    "http://100.100.100.200/latest/meta-data/",
+    "http://[fd00:ec2::254]/latest/meta-data/",
+    "http://2852039166/",
+    "http://0xa9fea9fe/",
+    "http://0251.0376.0251.0376/",
+    "http://user:hunter2@worker.example.com/wake",
+    "https://token@worker.example.com/wake",
+]
+
+
+@pytest.mark.parametrize("url", REFUSED_URLS)
+def test_configure_refuses_metadata_services_and_credentials_in_the_worker_url(
+    db: psycopg.Connection, config: dict, url: str
+) -> None:
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as refused:
+        db.execute("select pgqueue.configure(%s)", (Jsonb({"worker_url": url}),))
+    assert refused.value.diag.message_hint and "link-local" in refused.value.diag.message_hint
+    assert "hunter2" not in str(refused.value)
+    with pytest.raises(psycopg.errors.CheckViolation, match="worker_url_is_allowed"):
+        db.execute("update pgqueue.config set worker_url = %s", (url,))
+    assert db.execute("select pgqueue.configure()").fetchone()[0] == config
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://localhost:8000/wake",
+        "http://127.0.0.1:8000/wake",
+        "http://host.docker.internal:54321/functions/v1/job-worker",
+        "http://10.0.0.7:8080/wake",
+        "https://worker-abc123-uc.a.run.app/wake",
+        "https://[2001:db8::1]/wake",
+    ],
+)
+def test_configure_takes_local_and_public_worker_urls(
+    db: psycopg.Connection, config: dict, url: str
+) -> None:
+    (result,) = db.execute("select pgqueue.configure(%s)", (Jsonb({"worker_url": url}),)).fetchone()
+    assert result["worker_url"] == url
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "vault.getkey_script",
+        "cron.database_name",
+        "pg_net.batch_size",
+        "plpgsql.extra_errors",
+        "supautils.reserved_roles",
+        "pgsodium.getkey_script",
+        "request.jwt",
+        "pgrst.db_schemas",
+    ],
+)
+@pytest.mark.parametrize("setting", ["worker_url_setting", "service_key_setting"])
+def test_configure_refuses_an_extensions_setting_for_the_url_or_the_secret(
+    db: psycopg.Connection, config: dict, setting: str, name: str
+) -> None:
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="belongs to") as refused:
+        db.execute("select pgqueue.configure(%s)", (Jsonb({setting: name}),))
+    assert "app.pgqueue_wake_secret" in (refused.value.diag.message_hint or "")
+    assert db.execute("select pgqueue.configure()").fetchone()[0] == config
+
+
+def test_a_loaded_extensions_prefix_is_refused_even_if_not_listed(
+    db: psycopg.Connection, config: dict
+) -> None:
+    """pg_prewarm, loaded for this session only, puts its prefix in pg_settings, so
+    configure() refuses it although the table's check (a fixed list) does not know it; a
+    session's own custom setting does not count as an extension's."""
+    db.execute("load 'pg_prewarm'")
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="belongs to a loaded"):
+        db.execute(
+            "select pgqueue.configure(%s)", (Jsonb({"service_key_setting": "pg_prewarm.x"}),)
+        )
+    db.execute("set app.pgqueue_worker_url = 'http://127.0.0.1:9/'")
+    (result,) = db.execute(
+        "select pgqueue.configure(%s)", (Jsonb({"service_key_setting": "app.other_secret"}),)
+    ).fetchone()
+    assert result["service_key_setting"] == "app.other_secret"
+
+
+def test_a_refused_url_from_vault_or_a_setting_is_not_used_nor_shown(
+    db: psycopg.Connection, stack: Cluster
+) -> None:
+    """Only configure() checks what it is given; the database setting and Vault are checked
+    where they are read: nothing is sent, and health() says why without the credentials."""
+    db.execute("select vault.create_secret(%s, 'pgqueue_wake_secret')", (SECRET,))
+    for source in ("vault", "setting"):
+        if source == "vault":
+            db.execute(
+                "select vault.create_secret('http://169.254.169.254/latest/', 'pgqueue_worker_url')"
+            )
+        else:
+            point_wake_ups(db, "http://user:hunter2@127.0.0.1:9/wake", None)
+        db.execute("select pgqueue.enqueue('probe')")
+        wait_for_pg_net(db)
+        assert db.execute("select count(*) from net._http_response").fetchone() == (0,)
+        rows = {c: (o, d) for c, o, d in db.execute("select * from pgqueue.health()").fetchall()}
+        ok, detail = rows["worker_url"]
+        assert not ok and "no wake-up is sent" in detail, detail
+        assert "hunter2" not in str(rows)
