@@ -26,7 +26,7 @@ from testkit.project import (
     snapshot_template,
     snapshot_with_history,
 )
-from testkit.stack import clear_wake_ups, start_supabase_like_cluster
+from testkit.stack import clear_wake_ups
 from tests.support.workers import Installed, install
 
 
