@@ -229,6 +229,13 @@ def render_at(template: Path, ref: str, dest: Path, answers: dict) -> Path:
     return render(template, dest, vcs_ref=ref, **answers)
 
 
+def recorded_answers(project: Path) -> dict:
+    """The answers a project recorded in .copier-answers.yml: what `copier update` renders the
+    new release with (a default that changed since does not reach an existing project)."""
+    recorded = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    return {k: v for k, v in recorded.items() if not k.startswith("_")}
+
+
 def released_migration_changes(release: Path, head: Path) -> list[str]:
     """The release render's migrations that HEAD's render (same answers) lacks or renders
     differently, byte for byte."""
@@ -250,7 +257,7 @@ def test_released_migrations_render_byte_identical_at_head(
     release = render_at(history, ref, tmp_path / "release", answers)
     # HEAD as it renders for a project created at that release (copier update does the same)
     baseline = {"queue_baseline": release_version(ref)}
-    head = render_at(history, "HEAD", tmp_path / "head", answers | baseline)
+    head = render_at(history, "HEAD", tmp_path / "head", recorded_answers(release) | baseline)
     assert list((release / MIGRATIONS_DIR).glob("*.sql")), f"{ref} rendered no migration"
     assert released_migration_changes(release, head) == []
 
@@ -269,7 +276,7 @@ def test_the_release_rule_fails_when_a_released_migration_is_edited(
     last.unlink()
     commit_everything(edited, "edit released migrations")
     baseline = {"queue_baseline": release_version(RELEASES[-1])}
-    head = render_at(edited, "HEAD", tmp_path / "head", baseline)
+    head = render_at(edited, "HEAD", tmp_path / "head", recorded_answers(release) | baseline)
     assert released_migration_changes(release, head) == [
         f"{released[0].name}: released, rendered differently at HEAD",
         f"{released[-1].name}: released, missing at HEAD",
@@ -400,7 +407,11 @@ def test_a_project_from_the_release_updates_to_head_with_its_live_jobs(
             assert_database_follows_answers(db, project)
 
         # the updated project's worker drains the jobs that waited through the upgrade
-        env = {"SUPABASE_SERVICE_ROLE_KEY": "not-used-here", "PORT": str(free_port())}
+        env = {
+            "SUPABASE_SERVICE_ROLE_KEY": "not-used-here",
+            "WAKE_SECRET": "a-wake-up-secret-of-the-update-test",
+            "PORT": str(free_port()),
+        }
         with run_worker(project, cluster.dsn(user="postgres"), **env) as worker:
             wait_for_status(cluster, ids["queued"], "done", worker, schema)
         assert worker.returncode == 0, "SIGTERM ends the worker cleanly"

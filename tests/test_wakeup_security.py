@@ -7,6 +7,7 @@ metadata-service URL, credentials in a URL or an extension's setting as the secr
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -14,8 +15,11 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from testkit.cluster import Cluster
+from testkit.hosted import start_hosted_cluster
 from testkit.postgrest import make_jwt
-from testkit.stack import point_wake_ups, wait_for_pg_net
+from testkit.project import commit_everything, push_migrations, release_refs, render, run
+from testkit.project import update as copier_update
+from testkit.stack import point_wake_ups, start_supabase_like_cluster, wait_for_pg_net
 from tests.support.http_sink import HttpSink
 
 SECRET = "wake-secret-for-tests-not-a-real-one"
@@ -115,23 +119,54 @@ def test_a_role_level_setting_does_not_redirect_a_wake_up_either(
 
 
 @pytest.mark.parametrize("role", ["anon", "authenticated"])
-def test_a_pending_wake_up_is_not_readable_by_api_roles(
+def test_where_pg_net_keeps_its_grants_a_pending_wake_up_shows_only_the_wake_up_secret(
     db: psycopg.Connection, stack: Cluster, role: str
 ) -> None:
-    """The request waits in net.http_request_queue until pg_net's worker takes it; in the
-    enqueuing transaction it is there for certain, and the probe reads it from there."""
+    """On hosted Supabase pg_net belongs to supabase_admin, so the queue's migration (run as
+    postgres) cannot take back what pg_net grants PUBLIC: a request waiting in
+    net.http_request_queue is readable by the API roles. What it shows is the wake-up secret,
+    which only makes the worker look for jobs, never an API key (the next test: wake() refuses
+    to send one). The request is there for certain in the enqueuing transaction."""
+    (owner,) = db.execute(
+        "select pg_get_userbyid(relowner) from pg_class"
+        " where oid = 'net.http_request_queue'::regclass"
+    ).fetchone()
+    assert owner == "supabase_admin", "the stack is shaped like hosted Supabase"
     point_wake_ups(db, "http://127.0.0.1:9/wake", SECRET)
     with stack.connect() as conn:
         conn.execute("select pgqueue.enqueue('probe')")
-        assert conn.execute("select count(*) from net.http_request_queue").fetchone() == (1,)
         conn.execute(f"set local role {role}")
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            conn.execute("select headers ->> 'Authorization' from net.http_request_queue")
+        (shown,) = conn.execute(
+            "select headers ->> 'Authorization' from net.http_request_queue"
+        ).fetchone()
         conn.rollback()
-    with stack.connect() as conn:
-        conn.execute(f"set role {role}")
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            conn.execute("select count(*) from net._http_response")
+    assert shown == f"Bearer {SECRET}"
+
+
+@pytest.mark.parametrize("role", ["anon", "authenticated"])
+def test_where_the_migration_owns_pg_net_a_pending_wake_up_is_not_readable_by_api_roles(
+    project: Path, role: str
+) -> None:
+    """Self-hosted, where the role that migrates created pg_net: the migration revokes what
+    pg_net grants PUBLIC on its request queue and responses."""
+    cluster = start_supabase_like_cluster()
+    try:
+        push_migrations(project, cluster.url())
+        with cluster.connect() as conn:
+            point_wake_ups(conn, "http://127.0.0.1:9/wake", SECRET)
+            conn.commit()
+        with cluster.connect() as conn:
+            conn.execute("select pgqueue.enqueue('probe')")
+            assert conn.execute("select count(*) from net.http_request_queue").fetchone() == (1,)
+            conn.execute(f"set local role {role}")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("select headers ->> 'Authorization' from net.http_request_queue")
+            conn.rollback()
+            conn.execute(f"set role {role}")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("select count(*) from net._http_response")
+    finally:
+        cluster.destroy()
 
 
 @pytest.mark.parametrize(
@@ -267,3 +302,55 @@ def test_a_refused_url_from_vault_or_a_setting_is_not_used_nor_shown(
         ok, detail = rows["worker_url"]
         assert not ok and "no wake-up is sent" in detail, detail
         assert "hunter2" not in str(rows)
+
+
+def test_a_project_from_0_1_0_wakes_its_worker_again_after_the_documented_steps(
+    history: Path, tmp_path: Path
+) -> None:
+    """A hosted-shaped project created at 0.1.0 (python-http worker) whose wake-ups carry the
+    service key from the Vault secret <schema>_service_key, as 0.1.0's README had it: after
+    `copier update` and `supabase db push`, the key is no longer sent (nothing is, and
+    health() says why); once the user follows docs/upgrading.md (a secret of its own in the
+    Vault secret <schema>_wake_secret, the old one deleted), wake-ups arrive again at the same
+    URL, carrying the new secret."""
+    service_key = make_jwt("service_role")
+    project = render(
+        history,
+        tmp_path / "app",
+        vcs_ref=release_refs()[0],
+        worker_style="python-http",
+        claim_transport="postgres",
+    )
+    run(["git", "init", "-q", "-b", "main"], cwd=project)
+    commit_everything(project, "generated at 0.1.0")
+    cluster = start_hosted_cluster()
+    try:
+        with HttpSink() as sink:
+            with cluster.connect(autocommit=True) as admin:
+                # 0.1.0 expects pg_net enabled from the dashboard, which creates it so
+                admin.execute("create extension if not exists pg_net with schema extensions")
+            push_migrations(project, cluster.url())
+            with cluster.connect(autocommit=True) as db:
+                db.execute("select vault.create_secret(%s, 'pgqueue_worker_url')", (sink.url,))
+                db.execute("select vault.create_secret(%s, 'pgqueue_service_key')", (service_key,))
+
+                def enqueue_and_wait() -> list[str | None]:
+                    before = len(sink.requests)
+                    db.execute("select pgqueue.enqueue('send_email', '{}')")
+                    wait_for_pg_net(db)
+                    return [r.headers.get("Authorization") for r in sink.requests[before:]]
+
+                assert enqueue_and_wait() == [f"Bearer {service_key}"], "0.1.0 sends the key"
+                copier_update(project, "HEAD")
+                push_migrations(project, cluster.url())
+                assert enqueue_and_wait() == [], "1.0.0 never sends an API key"
+                (why,) = db.execute(
+                    "select detail from pgqueue.health() where component = 'wake_secret'"
+                ).fetchone()
+                assert service_key not in why
+                # docs/upgrading.md, "From 0.1.0 to 1.0.0": a secret of its own, the key gone
+                db.execute("select vault.create_secret(%s, 'pgqueue_wake_secret')", (SECRET,))
+                db.execute("delete from vault.secrets where name = 'pgqueue_service_key'")
+                assert enqueue_and_wait() == [f"Bearer {SECRET}"]
+    finally:
+        cluster.destroy()

@@ -156,7 +156,12 @@ def run_queue_client(
     proc = subprocess.run(
         [deno.binary, "run", "--allow-net=127.0.0.1", "--allow-env", "queue_client.ts"],
         cwd=function_dir,
-        env=deno.env(SUPABASE_URL=api.url, SUPABASE_SERVICE_ROLE_KEY=make_jwt("service_role")),
+        env=deno.env(
+            SUPABASE_URL=api.url,
+            SUPABASE_SERVICE_ROLE_KEY=make_jwt("service_role"),
+            # the function's settings, which its queue client reads, need one
+            PGQUEUE_WAKE_SECRET=EDGE_WAKE_SECRET,
+        ),
         input="".join(json.dumps(call) + "\n" for call in calls),
         capture_output=True,
         text=True,

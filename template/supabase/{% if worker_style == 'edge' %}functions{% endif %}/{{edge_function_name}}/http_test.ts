@@ -11,7 +11,7 @@ import type { DrainSummary, LogEvent } from "./worker.ts";
 const settings: Settings = {
   supabaseUrl: "http://127.0.0.1:54321",
   serviceKeys: ["service-key"],
-  wakeSecret: "wake-secret-0123456789",
+  wakeSecret: "wake-secret-of-the-tests",
   schema: "pgqueue",
   batchSize: 10,
   timeBudgetMs: 10_000,
@@ -58,7 +58,7 @@ Deno.test("a wake-up with the service key is answered 202 and the jobs run after
   queue.add("ok");
   queue.add("ok");
 
-  const response = await handle(wake("Bearer wake-secret-0123456789"));
+  const response = await handle(wake("Bearer wake-secret-of-the-tests"));
 
   assert.equal(response.status, 202);
   const body = await response.json();
@@ -74,13 +74,13 @@ Deno.test("a wake-up with the service key is answered 202 and the jobs run after
 Deno.test("a wake-up while a drain lingers joins it instead of starting another", async () => {
   const { queue, pending, summaries, handle } = setUp({ lingerMs: 500, lingerPollMs: 10 });
   queue.add("ok");
-  const first = await (await handle(wake("Bearer wake-secret-0123456789"))).json();
+  const first = await (await handle(wake("Bearer wake-secret-of-the-tests"))).json();
   while (queue.byStatus("done").length === 0) await new Promise((r) => setTimeout(r, 5));
 
   queue.add("ok");
-  const second = await handle(wake("Bearer wake-secret-0123456789"));
+  const second = await handle(wake("Bearer wake-secret-of-the-tests"));
   const other = await handle(
-    wake("Bearer wake-secret-0123456789", '{"queues":["default","emails"]}'),
+    wake("Bearer wake-secret-of-the-tests", '{"queues":["default","emails"]}'),
   );
 
   assert.equal(second.status, 202);
@@ -101,7 +101,7 @@ Deno.test("a wrong or missing key is refused with 403 and claims nothing", async
   const refused = [
     "Bearer wrong-key",
     "Bearer Wake-Secret-0123456789",
-    "wake-secret-0123456789",
+    "wake-secret-of-the-tests",
     // the service key opens the Data API and the metrics, never the wake endpoint
     "Bearer service-key",
     null,
@@ -162,7 +162,7 @@ Deno.test("GET /metrics answers 503 when the metrics cannot be read", async () =
 
 Deno.test("a malformed body is answered 400", async () => {
   const { handle } = setUp();
-  const response = await handle(wake("Bearer wake-secret-0123456789", '{"queues": "default"}'));
+  const response = await handle(wake("Bearer wake-secret-of-the-tests", '{"queues": "default"}'));
   assert.equal(response.status, 400);
   assert.match((await response.json()).error, /"queues" must be a list/);
 });
