@@ -193,6 +193,17 @@ def worker_errors(log: Path) -> Counter[str]:
     return found
 
 
+def db_push(project: Path, cluster: Cluster) -> subprocess.CompletedProcess[str]:
+    """`supabase db push` of the project's migrations, its outcome kept (not raised)."""
+    return subprocess.run(
+        [SUPABASE_CLI, "db", "push", "--db-url", cluster.url(), "--yes"],
+        cwd=project,
+        env={**os.environ, "DO_NOT_TRACK": "1"},
+        capture_output=True,
+        text=True,
+    )
+
+
 def percentile(values: list[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(p * len(ordered)))] if ordered else 0.0
@@ -240,13 +251,7 @@ def test_a_0_1_0_project_takes_the_1_0_0_upgrade_under_load(
             ).fetchone()
         before_push = queue_schema(cluster, "pgqueue")
         push_began = time.time()
-        push = subprocess.run(
-            [SUPABASE_CLI, "db", "push", "--db-url", cluster.url(), "--yes"],
-            cwd=project,
-            env={**os.environ, "DO_NOT_TRACK": "1"},
-            capture_output=True,
-            text=True,
-        )
+        push = db_push(project, cluster)
         push_ended = time.time()
         # A push that fails must change nothing
         changed_by_failed_push = (
@@ -362,13 +367,7 @@ def test_the_upgrade_gives_up_on_a_held_table_changes_nothing_and_lets_enqueues_
         with cluster.connect() as holder:
             holder.execute("select count(*) from pgqueue.jobs")  # ACCESS SHARE, kept open
             producer.start()
-            push = subprocess.run(
-                [SUPABASE_CLI, "db", "push", "--db-url", cluster.url(), "--yes"],
-                cwd=project,
-                env={**os.environ, "DO_NOT_TRACK": "1"},
-                capture_output=True,
-                text=True,
-            )
+            push = db_push(project, cluster)
             producer.stop()
             holder.rollback()
         after = queue_schema(cluster, "pgqueue")
