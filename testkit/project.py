@@ -83,28 +83,42 @@ def snapshot_with_history(dest: Path) -> Path:
     return dest
 
 
+# The template's releases, oldest first: version and commit. A release is also tagged v<version>
+# where the repo carries tags, but the tests read this list, so a clone without tags (or from
+# before them) tests every release the same (docs/maintainers/releases.md).
+RELEASES: dict[str, str] = {"0.1.0": "70dac05"}
+
+
 def release_refs(repo: Path = REPO) -> list[str]:
-    """The template's releases: its v* tags, or, before the first tag, commit 70dac05 (the
-    first release users generated projects from). A clone without them fails loudly."""
-    tags = run(["git", "tag", "--list", "v*", "--sort=v:refname"], cwd=repo).split()
-    refs = tags or ["70dac05"]
-    for ref in refs:
+    """The commits of the template's releases (RELEASES), oldest first. A clone without them
+    fails loudly; a v<version> tag, where there is one, must name the same commit."""
+    for version, commit in RELEASES.items():
         probe = subprocess.run(
-            ["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
+            ["git", "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"],
             cwd=repo,
             capture_output=True,
+            text=True,
         )
         assert probe.returncode == 0, (
-            f"release {ref} is not in this clone of the template ({repo}): the release tests "
-            "need the full history (git fetch --unshallow --tags)"
+            f"release {version} ({commit}) is not in this clone of the template ({repo}): the "
+            "release tests need the full history (git fetch --unshallow)"
         )
-    return refs
+        tag = subprocess.run(
+            ["git", "rev-parse", "--verify", "--quiet", f"v{version}^{{commit}}"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+        )
+        assert tag.returncode != 0 or tag.stdout == probe.stdout, (
+            f"tag v{version} names another commit than release {version}'s ({commit})"
+        )
+    return list(RELEASES.values())
 
 
 def release_version(ref: str) -> str:
-    """The release a ref of release_refs() names: v1.2.3 is 1.2.3, commit 70dac05 is 0.1.0.
-    It is what a project created from that release records as its queue baseline."""
-    return ref.removeprefix("v") if ref.startswith("v") else "0.1.0"
+    """The release a ref of release_refs() names (RELEASES, read backwards). It is what a
+    project created from that release records as its queue baseline."""
+    return {commit: version for version, commit in RELEASES.items()}[ref]
 
 
 def questions() -> dict:
