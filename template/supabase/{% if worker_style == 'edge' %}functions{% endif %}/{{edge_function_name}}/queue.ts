@@ -47,6 +47,8 @@ export interface CompleteAndClaimOptions {
   maxJobs: number;
   /** Omitted: the lease configured in the database. */
   leaseSeconds?: number;
+  /** Gives up on the call when it aborts (e.g. AbortSignal.timeout). */
+  signal?: AbortSignal;
 }
 
 /** The job's status after fail(): queued again, dead-lettered, or null when stale. */
@@ -168,7 +170,10 @@ export interface Schedule {
   created_at: string;
 }
 
-/** The calls the worker makes. */
+/**
+ * The calls the worker makes. Each takes an optional `signal` that gives up on the call when
+ * it aborts (the worker passes a timeout); the call then fails with a QueueError.
+ */
 export interface WorkerQueue {
   /**
    * Completes the jobs `done` (storing their results) and claims the next batch, in one call
@@ -178,14 +183,24 @@ export interface WorkerQueue {
    */
   completeAndClaim(options: CompleteAndClaimOptions): Promise<ClaimedJob[]>;
   /** Completes one job, storing `result` (null: none); false when its lease was lost. */
-  complete(attempt: Attempt, result?: Json): Promise<boolean>;
-  fail(job: ClaimedJob, error: string, retryable: boolean): Promise<FailOutcome>;
+  complete(attempt: Attempt, result?: Json, signal?: AbortSignal): Promise<boolean>;
+  fail(
+    job: ClaimedJob,
+    error: string,
+    retryable: boolean,
+    signal?: AbortSignal,
+  ): Promise<FailOutcome>;
+  /**
+   * Hands a running job back to the queue, due now, its attempt not counted (the worker is
+   * stopping); false when its lease was lost.
+   */
+  release(attempt: Attempt, signal?: AbortSignal): Promise<boolean>;
   /** Stores how far a running job got (JSON, up to 64 KiB); false when its lease was lost. */
-  progress(attempt: Attempt, progress: Json): Promise<boolean>;
+  progress(attempt: Attempt, progress: Json, signal?: AbortSignal): Promise<boolean>;
   /** Tells the database that `worker` claims `kinds` from `queue` (the `unclaimed` view). */
-  checkin(worker: string, queue: string, kinds: string[]): Promise<void>;
+  checkin(worker: string, queue: string, kinds: string[], signal?: AbortSignal): Promise<void>;
   /** The largest result a job may store, in bytes (`max_result_bytes` in the config). */
-  maxResultBytes(): Promise<number>;
+  maxResultBytes(signal?: AbortSignal): Promise<number>;
 }
 
 /** The whole queue: the worker's calls, and the rest of the SQL contract for app code. */
@@ -287,10 +302,15 @@ export function supabaseQueue(settings: QueueConnection): Queue {
     );
   }
 
-  async function call<T>(fn: string, args: Record<string, unknown>): Promise<T> {
+  async function call<T>(
+    fn: string,
+    args: Record<string, unknown>,
+    signal?: AbortSignal,
+  ): Promise<T> {
     let answer;
     try {
-      answer = await db.rpc(fn, args);
+      const request = db.rpc(fn, args);
+      answer = await (signal ? request.abortSignal(signal) : request);
     } catch (error) {
       // e.g. a value JSON cannot carry (a BigInt, a cycle)
       throw failure(`${fn}()`, { message: String(error) });
@@ -299,14 +319,15 @@ export function supabaseQueue(settings: QueueConnection): Queue {
     return answer.data as T;
   }
 
-  async function read<T>(view: string, columns = "*"): Promise<T[]> {
-    const { data, error } = await db.from(view).select(columns);
+  async function read<T>(view: string, columns = "*", signal?: AbortSignal): Promise<T[]> {
+    const request = db.from(view).select(columns);
+    const { data, error } = await (signal ? request.abortSignal(signal) : request);
     if (error) throw failure(view, error);
     return data as T[];
   }
 
   return {
-    completeAndClaim: async ({ worker, done, queue, kinds, maxJobs, leaseSeconds }) => {
+    completeAndClaim: async ({ worker, done, queue, kinds, maxJobs, leaseSeconds, signal }) => {
       const rows = await call<Omit<ClaimedJob, "queue">[]>("complete_and_claim", {
         worker,
         done_ids: done.map(({ job }) => job.id),
@@ -319,31 +340,38 @@ export function supabaseQueue(settings: QueueConnection): Queue {
         ...(done.some(({ result }) => result !== null)
           ? { done_results: done.map(({ result }) => result) }
           : {}),
-      });
+      }, signal);
       return rows.map((row) => ({ ...row, queue }));
     },
-    complete: (attempt, result = null) =>
+    complete: (attempt, result = null, signal) =>
       call<boolean>("complete", {
         job_id: attempt.id,
         lock_token: attempt.lock_token,
         result,
-      }),
-    fail: (job, error, retryable) =>
+      }, signal),
+    fail: (job, error, retryable, signal) =>
       call<FailOutcome>("fail", {
         job_id: job.id,
         lock_token: job.lock_token,
         error,
         retryable,
-      }),
-    progress: (attempt, progress) =>
+      }, signal),
+    release: (attempt, signal) =>
+      call<boolean>("release", { job_id: attempt.id, lock_token: attempt.lock_token }, signal),
+    progress: (attempt, progress, signal) =>
       call<boolean>("progress", {
         job_id: attempt.id,
         lock_token: attempt.lock_token,
         progress,
-      }),
-    checkin: (worker, queue, kinds) => call<void>("checkin", { worker, queue, kinds }),
-    maxResultBytes: async () => {
-      const [row] = await read<{ max_result_bytes: number }>("config", "max_result_bytes");
+      }, signal),
+    checkin: (worker, queue, kinds, signal) =>
+      call<void>("checkin", { worker, queue, kinds }, signal),
+    maxResultBytes: async (signal) => {
+      const [row] = await read<{ max_result_bytes: number }>(
+        "config",
+        "max_result_bytes",
+        signal,
+      );
       if (typeof row?.max_result_bytes !== "number") {
         throw failure("config", { message: "no max_result_bytes in the config row" });
       }
