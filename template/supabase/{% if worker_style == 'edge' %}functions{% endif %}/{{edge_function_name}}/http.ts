@@ -43,7 +43,10 @@ export interface WakeHandlerOptions {
    */
   onUnload?: (listener: () => void) => void;
   clock?: Clock;
-  /** When the isolate started, on `clock` (default: when the handler was created). */
+  /**
+   * When the isolate started, on `clock`. Default 0: the system clock is performance.now(),
+   * which counts from the isolate's start, before this module was even loaded.
+   */
   isolateStartedAt?: number;
 }
 
@@ -62,7 +65,7 @@ export function createWakeHandler(
   const log = options.log ?? logJson;
   const waitUntil = options.waitUntil ?? edgeRuntimeWaitUntil();
   const clock = options.clock ?? systemClock;
-  const isolateStartedAt = options.isolateStartedAt ?? clock.now();
+  const isolateStartedAt = options.isolateStartedAt ?? 0;
   // Metrics are read with the service key; a wake-up presents the wake-up secret only.
   const isAuthorized = bearerCheck(settings.serviceKeys);
   const isWakeUp = bearerCheck([settings.wakeSecret]);

@@ -22,7 +22,7 @@ import {
 } from "./queue.ts";
 /** All the drain's timing: the runtime's by default (systemClock), a fake one in tests. */
 export interface Clock {
-  /** Milliseconds on a monotonic clock. */
+  /** Milliseconds on a monotonic clock (systemClock: since the isolate started). */
   now(): number;
   /** Waits `ms`, or less if `signal` aborts first. */
   sleep(ms: number, signal?: AbortSignal): Promise<void>;
