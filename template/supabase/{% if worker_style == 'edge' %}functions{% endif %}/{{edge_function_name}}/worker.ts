@@ -173,6 +173,8 @@ class QueueDrain implements Drain {
   // The largest result the database stores, read when a job first returns one.
   private resultLimit: Promise<number> | undefined;
   private readonly checkins: Promise<void>[] = [];
+  // The lease the database gives a claim that asks for none, once a claim has shown it.
+  private databaseLeaseSeconds: number | undefined;
 
   constructor(queues: readonly string[], options: DrainOptions) {
     this.options = options;
@@ -312,7 +314,8 @@ class QueueDrain implements Drain {
         queue,
         kinds: this.kinds,
         maxJobs,
-        leaseSeconds: this.options.leaseSeconds,
+        // (A call that only completes claims nothing: its lease is moot.)
+        leaseSeconds: maxJobs > 0 ? this.leaseSeconds() : this.options.leaseSeconds,
         // A claim must answer before the deadline; completions alone, before the isolate ends.
         signal: this.callSignal(maxJobs > 0 ? this.deadline : this.isolateEnd),
       });
@@ -334,6 +337,17 @@ class QueueDrain implements Drain {
     this.summary.completed += this.finished.length;
     this.finished = [];
     return jobs;
+  }
+
+  /**
+   * The lease a claim asks for: the worker's (PGQUEUE_LEASE_SECONDS), or none for the
+   * database's; never longer than the isolate has left, so the jobs of an isolate that is
+   * killed without warning go back to the queue soon after.
+   */
+  private leaseSeconds(): number | undefined {
+    const lease = this.options.leaseSeconds ?? this.databaseLeaseSeconds;
+    const leftSeconds = Math.max(Math.floor((this.isolateEnd - this.clock.now()) / 1000), 1);
+    return lease !== undefined && leftSeconds < lease ? leftSeconds : this.options.leaseSeconds;
   }
 
   private async completeOneByOne(): Promise<void> {
@@ -364,7 +378,11 @@ class QueueDrain implements Drain {
       for (const job of jobs) await this.release(job);
       return [];
     }
-    const leaseEnd = batchStarted + shortestLeaseMs(jobs) - LEASE_MARGIN_MS;
+    const leaseMs = shortestLeaseMs(jobs);
+    if (this.options.leaseSeconds === undefined && this.databaseLeaseSeconds === undefined) {
+      this.databaseLeaseSeconds = Math.round(leaseMs / 1000);
+    }
+    const leaseEnd = batchStarted + leaseMs - LEASE_MARGIN_MS;
     const cutByDeadline = this.deadline <= leaseEnd;
     const stopAt = Math.min(this.deadline, leaseEnd);
     const limitMs = Math.max(Math.round(stopAt - this.clock.now()), 0);

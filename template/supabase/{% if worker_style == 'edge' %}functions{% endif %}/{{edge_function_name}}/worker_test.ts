@@ -809,3 +809,30 @@ Deno.test("a Data API call that hangs times out, before the time left runs out",
     assert.match(summary.error ?? "", /timed out/);
   }
 });
+
+Deno.test("a claim's lease never outlasts the isolate", async () => {
+  const queue = new MemoryQueue();
+  for (let n = 1; n <= 6; n++) queue.add("ok", { n });
+  queue.leaseSeconds = 300; // the database's
+  const clock = new FakeClock();
+  clock.time = 100_000; // 50 s left of a 150 s isolate
+  queue.beforeCall = () => clock.advance(1000);
+
+  await drain(
+    ["default"],
+    options(queue, { clock, isolateStartedAt: 0, wallClockLimitMs: 150_000 }),
+  );
+  const asked = queue.claims.map((claim) => claim.leaseSeconds);
+
+  // The first claim learns the database's lease; the next ones ask for what is left.
+  assert.deepEqual(asked, [undefined, 49, 48]);
+
+  const own = new MemoryQueue();
+  own.add("ok", { n: 1 });
+  clock.time = 100_000;
+  await drain(
+    ["default"],
+    options(own, { clock, isolateStartedAt: 0, wallClockLimitMs: 150_000, leaseSeconds: 600 }),
+  );
+  assert.deepEqual(own.claims.map((claim) => claim.leaseSeconds), [50, 50]);
+});
