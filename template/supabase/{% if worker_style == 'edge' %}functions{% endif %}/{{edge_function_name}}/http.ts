@@ -66,8 +66,14 @@ export function createWakeHandler(
   const waitUntil = options.waitUntil ?? edgeRuntimeWaitUntil();
   const clock = options.clock ?? systemClock;
   const isolateStartedAt = options.isolateStartedAt ?? 0;
-  // Metrics are read with the service key; a wake-up presents the wake-up secret only.
-  const isAuthorized = bearerCheck(settings.serviceKeys);
+  // Metrics are read with their own token, or a service key when there is none; a wake-up
+  // presents the wake-up secret only.
+  const isScraper = bearerCheck(
+    settings.metricsToken ? [settings.metricsToken] : settings.serviceKeys,
+  );
+  const scrapeWith = settings.metricsToken
+    ? "`Authorization: Bearer <metrics token>` (PGQUEUE_METRICS_TOKEN)"
+    : "`Authorization: Bearer <service key>` (the key this function runs with)";
   const isWakeUp = bearerCheck([settings.wakeSecret]);
   const workerId = `${FUNCTION_NAME}:${crypto.randomUUID().slice(0, 8)}`;
   // The drain under way, with its work as handed to waitUntil; and the wake-ups that came
@@ -130,10 +136,9 @@ export function createWakeHandler(
   }
 
   async function serveMetrics(request: Request): Promise<Response> {
-    if (!(await isAuthorized(request.headers.get("authorization")))) {
+    if (!(await isScraper(request.headers.get("authorization")))) {
       return reply(401, {
-        error: "Unauthorized: scrape with `Authorization: Bearer <service key>` (the key " +
-          "this function runs with).",
+        error: `Unauthorized: scrape with ${scrapeWith}.`,
       }, { "WWW-Authenticate": 'Bearer realm="metrics"' });
     }
     if (!options.metrics) {

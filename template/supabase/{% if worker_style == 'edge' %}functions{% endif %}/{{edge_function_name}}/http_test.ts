@@ -278,3 +278,21 @@ Deno.test("beforeunload mid-batch releases the running jobs and sends the comple
   assert.equal(summaries[0].stoppedBy, "unload");
   assert.deepEqual([summaries[0].released, summaries[0].completed], [1, 1]);
 });
+
+Deno.test("with a metrics token, GET /metrics takes that token and no service key", async () => {
+  const token = ["metrics", "token", "of", "the", "tests"].join("-");
+  const { handle } = setUp({ metricsToken: token });
+  const scraped = await handle(scrape(`Bearer ${token}`));
+  assert.equal(scraped.status, 200);
+  await scraped.body?.cancel();
+  for (const authorization of ["Bearer service-key", "Bearer wake-secret-of-the-tests"]) {
+    const response = await handle(scrape(authorization));
+    assert.equal(response.status, 401, authorization);
+    assert.match(
+      (await response.json()).error,
+      /Bearer <metrics token>` \(PGQUEUE_METRICS_TOKEN\)/,
+    );
+  }
+  // and the token wakes nothing
+  assert.equal((await handle(wake(`Bearer ${token}`))).status, 403);
+});

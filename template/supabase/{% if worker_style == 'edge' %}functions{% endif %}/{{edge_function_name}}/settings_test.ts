@@ -147,3 +147,22 @@ Deno.test("the cap on jobs in flight is one batch unless set, and a batch never 
   );
   assert.deepEqual([capped.maxJobsInFlight, capped.batchSize], [4, 4]);
 });
+
+Deno.test("the metrics token is optional, and never an API key or the wake-up secret", () => {
+  assert.equal(loadSettings(env(base)).metricsToken, undefined);
+  const token = ["metrics", "token", "of", "the", "tests"].join("-");
+  assert.equal(
+    loadSettings(env({ ...base, PGQUEUE_METRICS_TOKEN: token })).metricsToken,
+    token,
+  );
+  for (const reused of ["sb_secret_abc", "service-role-jwt", base.PGQUEUE_WAKE_SECRET]) {
+    assert.throws(
+      () => loadSettings(env({ ...base, PGQUEUE_METRICS_TOKEN: reused })),
+      /PGQUEUE_METRICS_TOKEN must be a token of its own/,
+    );
+  }
+  assert.throws(
+    () => loadSettings(env({ ...base, PGQUEUE_METRICS_TOKEN: "short" })),
+    /PGQUEUE_METRICS_TOKEN must be at least 16 characters/,
+  );
+});
