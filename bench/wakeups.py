@@ -167,7 +167,8 @@ def _enqueue_shapes(
     stack: Stack, url: str, secret: str, runs: list[Shape]
 ) -> list[tuple[Shape, dict[int, float], dict[int, float]]]:
     """Each shape in turn, from one connection whose wake-ups go to `url`; after each, every
-    wake-up must have been sent and answered 202 (one per enqueue: one per INSERT)."""
+    wake-up must have been sent and answered 202 (at most one per enqueue: one per INSERT,
+    unless one for the same queue still waited in pg_net's queue)."""
     from testkit.stack import point_wake_ups, wait_for_pg_net
 
     out = []
@@ -183,9 +184,9 @@ def _enqueue_shapes(
                 ).fetchall()
             )
             conn.execute("truncate net._http_response")
-            if codes != {202: shape.samples}:
+            if set(codes) != {202} or codes[202] > shape.samples:
                 raise RuntimeError(
-                    f"{shape.name}: wake-ups answered {codes}, expected {shape.samples} x 202"
+                    f"{shape.name}: wake-ups answered {codes}, expected up to {shape.samples} x 202"
                 )
             out.append((shape, sent, committed))
     return out

@@ -43,6 +43,7 @@ connection pool.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import re
@@ -468,6 +469,8 @@ class PostgRESTStandIn:
         self.jwt_secret = jwt_secret
         self.schemas = tuple(schemas)
         self.url = ""
+        # How often each function was called through /rpc, for tests that count round trips.
+        self.rpc_calls: collections.Counter[str] = collections.Counter()
         self._pool = _Pool(dsn, pool_size)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -593,6 +596,7 @@ class PostgRESTStandIn:
 
     async def _rpc(self, request: Request, auth: _Auth, schema: str, name: str) -> Response:
         _refuse_what_is_not_served(request, {"select"})
+        self.rpc_calls[name] += 1
         raw = await request.body()
         try:
             args = json.loads(raw) if raw.strip() else {}

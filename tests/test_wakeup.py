@@ -107,20 +107,47 @@ def test_one_insert_of_a_thousand_jobs_sends_one_request_with_the_guc_key(
     ]
 
 
-def test_each_insert_statement_sends_its_own_wake_up(
-    db: psycopg.Connection, sink: HttpSink
-) -> None:
+def test_each_insert_statement_wakes_its_queues(db: psycopg.Connection, sink: HttpSink) -> None:
     point_wake_ups(db, sink.url, GUC_KEY)
     for _ in range(3):
         db.execute("select pgqueue.enqueue('k')")
     db.execute('select pgqueue.enqueue_many(\'[{"kind": "a"}, {"kind": "b", "queue": "q2"}]\')')
     wait_for_pg_net(db)
-    # pg_net sends its queued requests side by side, so they may arrive in any order
+    # One wake-up for each, unless one for the same queues still waited in pg_net's queue
+    # (next test); pg_net sends its queued requests side by side, in any order.
+    woken = sorted(sorted(r.json()["queues"]) for r in sink.requests)
+    assert woken[-1] == ["default", "q2"]
+    assert 2 <= len(woken) <= 4
+    assert set(map(tuple, woken[:-1])) == {("default",)}
+
+
+def test_a_burst_of_inserts_sends_one_wake_up_while_it_waits_in_pg_nets_queue(
+    db: psycopg.Connection, sink: HttpSink
+) -> None:
+    point_wake_ups(db, sink.url, GUC_KEY)
+    # pg_net sends only what was committed: in one transaction, every wake-up after the first
+    # finds it still waiting.
+    with db.transaction():
+        ids = [db.execute("select pgqueue.enqueue('k')").fetchone()[0] for _ in range(30)]
+        first = db.execute("select id from net.http_request_queue").fetchall()
+        # Another queue is not covered by the waiting wake-up; a subset of it is.
+        db.execute("select pgqueue.enqueue('k', queue => 'q2')")
+        db.execute(
+            """select pgqueue.enqueue_many('[{"kind": "a"}, {"kind": "b", "queue": "q2"}]')"""
+        )
+        db.execute("""select pgqueue.enqueue_many('[{"kind": "a", "queue": "q2"}]')""")
+        waiting = db.execute("select count(*) from net.http_request_queue").fetchone()[0]
+        returned = db.execute("select pgqueue.wake('test')").fetchone()[0]
+    wait_for_pg_net(db)
+
+    assert len(ids) == 30
+    assert len(first) == 1, "30 inserts, one wake-up waiting"
+    assert returned == first[0][0], "wake() returns the waiting wake-up's id"
+    assert waiting == 3
     assert sorted(sorted(r.json()["queues"]) for r in sink.requests) == [
         ["default"],
-        ["default"],
-        ["default"],
         ["default", "q2"],
+        ["q2"],
     ]
 
 

@@ -1,22 +1,26 @@
 // Machinery: the HTTP side. The database's wake-up (pg_net) is a POST with
 // `Authorization: Bearer <service key>` and a body like {"reason": "enqueue", "queues":
 // ["default"]}. The reply (202) goes out at once; the jobs run after it, for as long as the
-// Edge runtime keeps the function alive for them (EdgeRuntime.waitUntil). A wake-up that
-// finds this instance lingering over the same queues joins that drain instead of starting
-// another one. `GET .../metrics`, with the same key, answers the queue's metrics in
-// Prometheus' text format.
+// Edge runtime keeps the function alive for them (EdgeRuntime.waitUntil). An instance runs
+// one drain at a time: a wake-up during a drain joins it (pg_net sends its wake-ups in
+// batches, all at once), and one while a drain winds down starts the next when it ends. When
+// the runtime unloads the function (`beforeunload`), the drain releases its running jobs.
+// `GET .../metrics`, with the service key, answers the queue's metrics in Prometheus' text
+// format.
 import { bearerCheck } from "./auth.ts";
 import type { HandlerMap } from "./job.ts";
 import { formatPrometheus, PROMETHEUS_CONTENT_TYPE } from "./metrics.ts";
 import type { MetricSample, WorkerQueue } from "./queue.ts";
 import { FUNCTION_NAME, type Settings } from "./settings.ts";
 import {
+  type Clock,
   describe,
   type Drain,
   type DrainSummary,
   type LogEvent,
   logJson,
   startDrain,
+  systemClock,
 } from "./worker.ts";
 
 export interface WakeHandlerOptions {
@@ -33,6 +37,17 @@ export interface WakeHandlerOptions {
   onDrained?: (summary: DrainSummary) => void;
   /** Reads the queue's metrics for `GET .../metrics` (Queue.metrics); without it, 404. */
   metrics?: () => Promise<MetricSample[]>;
+  /**
+   * Registers what to do when the runtime unloads the function; defaults to a `beforeunload`
+   * listener, which the Edge runtime dispatches before it shuts an isolate down.
+   */
+  onUnload?: (listener: () => void) => void;
+  clock?: Clock;
+  /**
+   * When the isolate started, on `clock`. Default 0: the system clock is performance.now(),
+   * which counts from the isolate's start, before this module was even loaded.
+   */
+  isolateStartedAt?: number;
 }
 
 declare const EdgeRuntime:
@@ -49,18 +64,81 @@ export function createWakeHandler(
   const { settings, handlers } = options;
   const log = options.log ?? logJson;
   const waitUntil = options.waitUntil ?? edgeRuntimeWaitUntil();
-  // Metrics are read with the service key; a wake-up presents the wake-up secret only.
-  const isAuthorized = bearerCheck(settings.serviceKeys);
+  const clock = options.clock ?? systemClock;
+  const isolateStartedAt = options.isolateStartedAt ?? 0;
+  // Metrics are read with their own token, or a service key when there is none; a wake-up
+  // presents the wake-up secret only.
+  const isScraper = bearerCheck(
+    settings.metricsToken ? [settings.metricsToken] : settings.serviceKeys,
+  );
+  const scrapeWith = settings.metricsToken
+    ? "`Authorization: Bearer <metrics token>` (PGQUEUE_METRICS_TOKEN)"
+    : "`Authorization: Bearer <service key>` (the key this function runs with)";
   const isWakeUp = bearerCheck([settings.wakeSecret]);
   const workerId = `${FUNCTION_NAME}:${crypto.randomUUID().slice(0, 8)}`;
-  // The drains under way in this instance, each with its work as handed to waitUntil.
-  const drains = new Map<Drain, Promise<void>>();
+  // The drain under way, with its work as handed to waitUntil; and the wake-ups that came
+  // while it wound down, for the drain that starts when it ends.
+  let current: { drain: Drain; work: Promise<void> } | undefined;
+  let next: { queues: Set<string>; reasons: string[]; work: Promise<void> } | undefined;
+  let unloading = false;
+  (options.onUnload ?? ((listener) => addEventListener("beforeunload", listener)))(() => {
+    unloading = true;
+    current?.drain.unload();
+  });
+
+  function begin(wake: Wake): { drain: Drain; work: Promise<void> } {
+    const drain = startDrain(wake.queues, {
+      queue: options.queue,
+      handlers,
+      workerId,
+      batchSize: settings.batchSize,
+      maxJobsInFlight: settings.maxJobsInFlight,
+      leaseSeconds: settings.leaseSeconds,
+      timeBudgetMs: settings.timeBudgetMs,
+      wallClockLimitMs: settings.wallClockLimitMs,
+      isolateStartedAt,
+      lingerMs: settings.lingerMs,
+      lingerPollMs: settings.lingerPollMs,
+      clock,
+      log,
+    });
+    if (unloading) drain.unload();
+    const work = drain.done.then((summary) => {
+      log({ event: "drain.end", reason: wake.reason, queues: drain.queues, ...summary });
+      options.onDrained?.(summary);
+    }).catch((error) => log({ event: "drain.error", error: describe(error) }))
+      .finally(() => {
+        if (current?.drain === drain) current = undefined;
+      });
+    current = { drain, work };
+    return current;
+  }
+
+  /** Joins the drain under way, or starts one; the work to hand to waitUntil. */
+  function wakeUp(wake: Wake): { work: Promise<void>; joined: boolean } {
+    if (current === undefined) return { work: begin(wake).work, joined: false };
+    if (current.drain.join(wake.queues)) return { work: current.work, joined: true };
+    // The drain under way stopped claiming and is reporting its last jobs: the next one
+    // starts when it ends, with every wake-up that came meanwhile.
+    if (next === undefined) {
+      const queues = new Set(wake.queues);
+      const reasons = [wake.reason];
+      const work = current.work.then(() => {
+        next = undefined;
+        return begin({ reason: reasons.join(","), queues: [...queues] }).work;
+      });
+      next = { queues, reasons, work };
+    } else {
+      for (const queue of wake.queues) next.queues.add(queue);
+      next.reasons.push(wake.reason);
+    }
+    return { work: next.work, joined: true };
+  }
 
   async function serveMetrics(request: Request): Promise<Response> {
-    if (!(await isAuthorized(request.headers.get("authorization")))) {
+    if (!(await isScraper(request.headers.get("authorization")))) {
       return reply(401, {
-        error: "Unauthorized: scrape with `Authorization: Bearer <service key>` (the key " +
-          "this function runs with).",
+        error: `Unauthorized: scrape with ${scrapeWith}.`,
       }, { "WWW-Authenticate": 'Bearer realm="metrics"' });
     }
     if (!options.metrics) {
@@ -102,31 +180,9 @@ export function createWakeHandler(
       return reply(400, { error: (error as Error).message });
     }
 
-    for (const [running, work] of drains) {
-      if (wake.queues.every((queue) => running.queues.includes(queue)) && running.join()) {
-        waitUntil?.(work);
-        return reply(202, { accepted: true, queues: wake.queues, worker: workerId, joined: true });
-      }
-    }
-    const started = startDrain(wake.queues, {
-      queue: options.queue,
-      handlers,
-      workerId,
-      batchSize: settings.batchSize,
-      leaseSeconds: settings.leaseSeconds,
-      timeBudgetMs: settings.timeBudgetMs,
-      lingerMs: settings.lingerMs,
-      lingerPollMs: settings.lingerPollMs,
-      log,
-    });
-    const work = started.done.then((summary) => {
-      log({ event: "drain.end", reason: wake.reason, queues: wake.queues, ...summary });
-      options.onDrained?.(summary);
-    }).catch((error) => log({ event: "drain.error", error: describe(error) }))
-      .finally(() => drains.delete(started));
-    drains.set(started, work);
+    const { work, joined } = wakeUp(wake);
     waitUntil?.(work);
-    return reply(202, { accepted: true, queues: wake.queues, worker: workerId, joined: false });
+    return reply(202, { accepted: true, queues: wake.queues, worker: workerId, joined });
   };
 }
 

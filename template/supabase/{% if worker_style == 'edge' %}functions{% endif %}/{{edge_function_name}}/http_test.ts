@@ -14,7 +14,9 @@ const settings: Settings = {
   wakeSecret: "wake-secret-of-the-tests",
   schema: "pgqueue",
   batchSize: 10,
+  maxJobsInFlight: 10,
   timeBudgetMs: 10_000,
+  wallClockLimitMs: 150_000,
   lingerMs: 0,
   lingerPollMs: 10,
 };
@@ -41,6 +43,7 @@ function setUp(
     handlers,
     waitUntil: (work) => pending.push(work),
     onDrained: (summary) => summaries.push(summary),
+    onUnload: () => {},
     log: (event) => logged.push(event),
     metrics,
   });
@@ -71,7 +74,7 @@ Deno.test("a wake-up with the service key is answered 202 and the jobs run after
   assert.equal(summaries[0].completed, 2);
 });
 
-Deno.test("a wake-up while a drain lingers joins it instead of starting another", async () => {
+Deno.test("a wake-up while a drain lingers joins it, whatever its queues", async () => {
   const { queue, pending, summaries, handle } = setUp({ lingerMs: 500, lingerPollMs: 10 });
   queue.add("ok");
   const first = await (await handle(wake("Bearer wake-secret-of-the-tests"))).json();
@@ -86,12 +89,13 @@ Deno.test("a wake-up while a drain lingers joins it instead of starting another"
   assert.equal(second.status, 202);
   assert.equal(first.joined, false);
   assert.equal((await second.json()).joined, true);
-  assert.equal((await other.json()).joined, false, "a queue the drain does not cover");
+  assert.equal((await other.json()).joined, true, "the drain takes on the other queue");
   assert.equal(pending.length, 3, "each wake-up hands its work to waitUntil");
-  assert.equal(pending[1], pending[0], "the joined wake-up waits for the drain it joined");
+  assert.deepEqual(pending.slice(1), [pending[0], pending[0]], "the drain they joined");
   await Promise.all(pending);
   assert.deepEqual(queue.byStatus("done"), [1, 2]);
-  assert.deepEqual(summaries.map((summary) => summary.wakeUps).sort(), [1, 2]);
+  assert.deepEqual(summaries.map((summary) => summary.wakeUps), [3]);
+  assert.ok(queue.claims.some((claim) => claim.queue === "emails"));
 });
 
 Deno.test("a wrong or missing key is refused with 403 and claims nothing", async () => {
@@ -176,4 +180,119 @@ Deno.test("the wake-up body names the queues; an empty one means the default que
   assert.deepEqual(parseWake("{}"), { reason: "manual", queues: ["default"] });
   assert.throws(() => parseWake("not json"), /it is not JSON/);
   assert.throws(() => parseWake('{"queues": []}'), /must be a list of queue names/);
+});
+
+// -- one drain per isolate, within its limits ---------------------------------------------
+
+/** A handler that holds every job until `open()`, counting the jobs in flight. */
+function heldJobs() {
+  let open = () => {};
+  const gate = new Promise<void>((resolve) => open = resolve);
+  const counts = { inFlight: 0, most: 0, ran: 0 };
+  const held = defineHandler(z.object({}), async () => {
+    counts.inFlight += 1;
+    counts.most = Math.max(counts.most, counts.inFlight);
+    await gate;
+    counts.inFlight -= 1;
+    counts.ran += 1;
+  });
+  return { held, open, counts };
+}
+
+for (const waiting of [400, 5]) {
+  Deno.test(`30 wake-ups at once with ${waiting} jobs waiting are one drain, within the cap`, async () => {
+    const queue = new MemoryQueue();
+    for (let n = 0; n < waiting; n++) queue.add("held");
+    const { held, open, counts } = heldJobs();
+    const pending: Promise<unknown>[] = [];
+    const summaries: DrainSummary[] = [];
+    const handle = createWakeHandler({
+      settings: { ...settings, batchSize: 10, maxJobsInFlight: 10 },
+      queue,
+      handlers: { held },
+      waitUntil: (work) => pending.push(work),
+      onDrained: (summary) => summaries.push(summary),
+      onUnload: () => {},
+      log: () => {},
+    });
+
+    const responses = await Promise.all(
+      Array.from({ length: 30 }, () => handle(wake("Bearer wake-secret-of-the-tests"))),
+    );
+    assert.deepEqual(responses.map((response) => response.status), Array(30).fill(202));
+    open();
+    await Promise.all(pending);
+
+    assert.equal(summaries.length, 1, "one drain");
+    assert.equal(summaries[0].wakeUps, 30);
+    assert.ok(counts.most <= 10, `${counts.most} jobs in flight at once`);
+    assert.equal(counts.ran, waiting);
+    assert.equal(queue.byStatus("done").length, waiting);
+    // A claim per batch, and one that finds the queue empty (reporting the last batch).
+    assert.ok(queue.calls.length <= Math.ceil(waiting / 10) + 2, `${queue.calls.length} calls`);
+  });
+}
+
+Deno.test("beforeunload mid-batch releases the running jobs and sends the completions", async () => {
+  const queue = new MemoryQueue();
+  const quick = queue.add("ok");
+  const slow = queue.add("slow");
+  queue.add("ok"); // waits for a claim that never comes
+  let unload: (() => void) | undefined;
+  let slowStarted = () => {};
+  const running = new Promise<void>((resolve) => slowStarted = resolve);
+  const pending: Promise<unknown>[] = [];
+  const summaries: DrainSummary[] = [];
+  const handle = createWakeHandler({
+    settings: { ...settings, batchSize: 2 },
+    queue,
+    handlers: {
+      ...handlers,
+      slow: defineHandler(
+        z.object({}),
+        (_payload, { signal }) =>
+          new Promise((_resolve, reject) => {
+            signal.addEventListener("abort", () => reject(signal.reason));
+            slowStarted();
+          }),
+      ),
+    },
+    waitUntil: (work) => pending.push(work),
+    onDrained: (summary) => summaries.push(summary),
+    onUnload: (listener) => unload = listener,
+    log: () => {},
+  });
+  await handle(wake("Bearer wake-secret-of-the-tests"));
+  await running;
+  assert.equal(slow.status, "running");
+  assert.ok(unload, "the handler listens for beforeunload");
+
+  const claimsBefore = queue.claims.length;
+  unload();
+  await Promise.all(pending);
+
+  assert.equal(queue.claims.length, claimsBefore, "no claim after beforeunload");
+  assert.deepEqual([slow.status, slow.attempts, slow.lastError], ["queued", 0, null]);
+  assert.equal(quick.status, "done", "its completion was sent");
+  assert.deepEqual(queue.byStatus("queued"), [2, 3]);
+  assert.equal(summaries[0].stoppedBy, "unload");
+  assert.deepEqual([summaries[0].released, summaries[0].completed], [1, 1]);
+});
+
+Deno.test("with a metrics token, GET /metrics takes that token and no service key", async () => {
+  const token = ["metrics", "token", "of", "the", "tests"].join("-");
+  const { handle } = setUp({ metricsToken: token });
+  const scraped = await handle(scrape(`Bearer ${token}`));
+  assert.equal(scraped.status, 200);
+  await scraped.body?.cancel();
+  for (const authorization of ["Bearer service-key", "Bearer wake-secret-of-the-tests"]) {
+    const response = await handle(scrape(authorization));
+    assert.equal(response.status, 401, authorization);
+    assert.match(
+      (await response.json()).error,
+      /Bearer <metrics token>` \(PGQUEUE_METRICS_TOKEN\)/,
+    );
+  }
+  // and the token wakes nothing
+  assert.equal((await handle(wake(`Bearer ${token}`))).status, 403);
 });

@@ -47,6 +47,8 @@ export interface CompleteAndClaimOptions {
   maxJobs: number;
   /** Omitted: the lease configured in the database. */
   leaseSeconds?: number;
+  /** Gives up on the call when it aborts (e.g. AbortSignal.timeout). */
+  signal?: AbortSignal;
 }
 
 /** The job's status after fail(): queued again, dead-lettered, or null when stale. */
@@ -168,7 +170,10 @@ export interface Schedule {
   created_at: string;
 }
 
-/** The calls the worker makes. */
+/**
+ * The calls the worker makes. Each takes an optional `signal` that gives up on the call when
+ * it aborts (the worker passes a timeout); the call then fails with a QueueError.
+ */
 export interface WorkerQueue {
   /**
    * Completes the jobs `done` (storing their results) and claims the next batch, in one call
@@ -178,14 +183,24 @@ export interface WorkerQueue {
    */
   completeAndClaim(options: CompleteAndClaimOptions): Promise<ClaimedJob[]>;
   /** Completes one job, storing `result` (null: none); false when its lease was lost. */
-  complete(attempt: Attempt, result?: Json): Promise<boolean>;
-  fail(job: ClaimedJob, error: string, retryable: boolean): Promise<FailOutcome>;
+  complete(attempt: Attempt, result?: Json, signal?: AbortSignal): Promise<boolean>;
+  fail(
+    job: ClaimedJob,
+    error: string,
+    retryable: boolean,
+    signal?: AbortSignal,
+  ): Promise<FailOutcome>;
+  /**
+   * Hands a running job back to the queue, due now, its attempt not counted (the worker is
+   * stopping); false when its lease was lost.
+   */
+  release(attempt: Attempt, signal?: AbortSignal): Promise<boolean>;
   /** Stores how far a running job got (JSON, up to 64 KiB); false when its lease was lost. */
-  progress(attempt: Attempt, progress: Json): Promise<boolean>;
+  progress(attempt: Attempt, progress: Json, signal?: AbortSignal): Promise<boolean>;
   /** Tells the database that `worker` claims `kinds` from `queue` (the `unclaimed` view). */
-  checkin(worker: string, queue: string, kinds: string[]): Promise<void>;
+  checkin(worker: string, queue: string, kinds: string[], signal?: AbortSignal): Promise<void>;
   /** The largest result a job may store, in bytes (`max_result_bytes` in the config). */
-  maxResultBytes(): Promise<number>;
+  maxResultBytes(signal?: AbortSignal): Promise<number>;
 }
 
 /** The whole queue: the worker's calls, and the rest of the SQL contract for app code. */
@@ -262,6 +277,84 @@ export const MAX_RESULT_BYTES = 65536;
 
 const MAX_CONCURRENCY_KEY_LENGTH = 200;
 
+/** The most rows the Data API returns at once (Supabase's default "max rows"). */
+export const READ_LIMIT = 1000;
+
+/** What a call must return, checked before anything uses it. */
+interface Shape<T> {
+  expected: string;
+  is(value: unknown): value is T;
+}
+
+function shape<T>(expected: string, is: (value: unknown) => boolean): Shape<T> {
+  return { expected, is: is as (value: unknown) => value is T };
+}
+
+function isRecord(value: unknown): value is Record<string, unknown> {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
+}
+
+/** The kinds of JSON value a field may hold. */
+const KINDS = {
+  number: (value: unknown) => typeof value === "number",
+  string: (value: unknown) => typeof value === "string",
+  null: (value: unknown) => value === null,
+  object: isRecord,
+};
+type Kind = keyof typeof KINDS;
+
+/** A list of objects, each with `fields` of their kinds (other fields unchecked). */
+function rowsOf<T>(what: string, fields: Record<string, Kind | Kind[]>): Shape<T[]> {
+  const fits = (value: unknown, kinds: Kind | Kind[]) =>
+    [kinds].flat().some((kind) => KINDS[kind](value));
+  return shape(
+    `a list of ${what}`,
+    (value) =>
+      Array.isArray(value) &&
+      value.every((row) =>
+        isRecord(row) && Object.entries(fields).every(([name, kinds]) => fits(row[name], kinds))
+      ),
+  );
+}
+
+const boolean = shape<boolean>("true or false", (value) => typeof value === "boolean");
+const nothing = shape<void>("nothing", () => true);
+const jobId = shape<number>("an id", Number.isInteger);
+const jobIds = shape<number[]>(
+  "a list of ids",
+  (value) => Array.isArray(value) && value.every(Number.isInteger),
+);
+const countOrNull = shape<number | null>(
+  "a number or null",
+  (value) => value === null || typeof value === "number",
+);
+const failOutcome = shape<FailOutcome>(
+  '"queued", "failed" or null',
+  (value) => value === null || value === "queued" || value === "failed",
+);
+const configuration = shape<Record<string, Json>>("the configuration (an object)", isRecord);
+const claimedRows = rowsOf<Omit<ClaimedJob, "queue">>("claimed jobs", {
+  id: "number",
+  kind: "string",
+  attempts: "number",
+  max_attempts: "number",
+  lock_token: "string",
+  locked_at: "string",
+  locked_until: "string",
+  concurrency_key: ["string", "null"],
+});
+const jobRows = rowsOf<JobRecord>("jobs", { id: "number", status: "string" });
+const metricRows = rowsOf<MetricSample>("metric samples", {
+  metric: "string",
+  labels: "object",
+  value: ["number", "string"],
+});
+const throughputRows = rowsOf<ThroughputPoint>("minutes", { minute: "string", queue: "string" });
+const traceRows = rowsOf<{ id: number; traceparent: string }>("trace contexts", {
+  id: "number",
+  traceparent: "string",
+});
+
 /** Where the queue lives: the settings' API URL, key (the first) and schema. */
 export type QueueConnection = Pick<Settings, "supabaseUrl" | "serviceKeys" | "schema">;
 
@@ -287,63 +380,122 @@ export function supabaseQueue(settings: QueueConnection): Queue {
     );
   }
 
-  async function call<T>(fn: string, args: Record<string, unknown>): Promise<T> {
+  /** Calls the SQL function `fn` and checks that what it returned has the expected shape. */
+  async function call<T>(
+    fn: string,
+    args: Record<string, unknown>,
+    shape: Shape<T>,
+    signal?: AbortSignal,
+  ): Promise<T> {
     let answer;
     try {
-      answer = await db.rpc(fn, args);
+      const request = db.rpc(fn, args);
+      answer = await (signal ? request.abortSignal(signal) : request);
     } catch (error) {
       // e.g. a value JSON cannot carry (a BigInt, a cycle)
       throw failure(`${fn}()`, { message: String(error) });
     }
     if (answer.error) throw failure(`${fn}()`, answer.error);
-    return answer.data as T;
+    return checked(`${fn}()`, answer.data, shape);
   }
 
-  async function read<T>(view: string, columns = "*"): Promise<T[]> {
-    const { data, error } = await db.from(view).select(columns);
+  /**
+   * Reads a view, refusing to return a partial answer: the Data API returns at most
+   * READ_LIMIT rows at once (its "max rows" setting) and says nothing when it cuts a list.
+   */
+  async function read<T extends object>(
+    view: string,
+    columns = "*",
+    signal?: AbortSignal,
+  ): Promise<T[]> {
+    const request = db.from(view).select(columns).limit(READ_LIMIT);
+    const { data, error } = await (signal ? request.abortSignal(signal) : request);
     if (error) throw failure(view, error);
-    return data as T[];
+    const rows = checked(view, data, rowsOf<T>("rows", {}));
+    if (rows.length >= READ_LIMIT) {
+      throw failure(view, {
+        message: `${view} has ${READ_LIMIT} rows or more, the most the Data API returns at ` +
+          "once: read it with SQL (or a narrower view) instead",
+      });
+    }
+    return rows;
+  }
+
+  function checked<T>(name: string, data: unknown, shape: Shape<T>): T {
+    if (shape.is(data)) return data;
+    const got = JSON.stringify(data)?.slice(0, 200) ?? String(data);
+    throw failure(name, {
+      message: `returned ${got}, not ${shape.expected}: are the project's migrations applied ` +
+        `to this database, and is ${settings.schema} the queue's schema?`,
+    });
   }
 
   return {
-    completeAndClaim: async ({ worker, done, queue, kinds, maxJobs, leaseSeconds }) => {
-      const rows = await call<Omit<ClaimedJob, "queue">[]>("complete_and_claim", {
-        worker,
-        done_ids: done.map(({ job }) => job.id),
-        done_tokens: done.map(({ job }) => job.lock_token),
-        max_jobs: maxJobs,
-        kinds,
-        queue,
-        ...(leaseSeconds === undefined ? {} : { lease_seconds: leaseSeconds }),
-        // Only when a job has one: without results, completions are kept by batch.
-        ...(done.some(({ result }) => result !== null)
-          ? { done_results: done.map(({ result }) => result) }
-          : {}),
-      });
+    completeAndClaim: async ({ worker, done, queue, kinds, maxJobs, leaseSeconds, signal }) => {
+      const rows = await call(
+        "complete_and_claim",
+        {
+          worker,
+          done_ids: done.map(({ job }) => job.id),
+          done_tokens: done.map(({ job }) => job.lock_token),
+          max_jobs: maxJobs,
+          kinds,
+          queue,
+          ...(leaseSeconds === undefined ? {} : { lease_seconds: leaseSeconds }),
+          // Only when a job has one: without results, completions are kept by batch.
+          ...(done.some(({ result }) => result !== null)
+            ? { done_results: done.map(({ result }) => result) }
+            : {}),
+        },
+        claimedRows,
+        signal,
+      );
       return rows.map((row) => ({ ...row, queue }));
     },
-    complete: (attempt, result = null) =>
-      call<boolean>("complete", {
-        job_id: attempt.id,
-        lock_token: attempt.lock_token,
-        result,
-      }),
-    fail: (job, error, retryable) =>
-      call<FailOutcome>("fail", {
-        job_id: job.id,
-        lock_token: job.lock_token,
-        error,
-        retryable,
-      }),
-    progress: (attempt, progress) =>
-      call<boolean>("progress", {
-        job_id: attempt.id,
-        lock_token: attempt.lock_token,
-        progress,
-      }),
-    checkin: (worker, queue, kinds) => call<void>("checkin", { worker, queue, kinds }),
-    maxResultBytes: async () => {
-      const [row] = await read<{ max_result_bytes: number }>("config", "max_result_bytes");
+    complete: (attempt, result = null, signal) =>
+      call(
+        "complete",
+        {
+          job_id: attempt.id,
+          lock_token: attempt.lock_token,
+          result,
+        },
+        boolean,
+        signal,
+      ),
+    fail: (job, error, retryable, signal) =>
+      call(
+        "fail",
+        {
+          job_id: job.id,
+          lock_token: job.lock_token,
+          error,
+          retryable,
+        },
+        failOutcome,
+        signal,
+      ),
+    release: (attempt, signal) =>
+      call("release", { job_id: attempt.id, lock_token: attempt.lock_token }, boolean, signal),
+    progress: (attempt, progress, signal) =>
+      call(
+        "progress",
+        {
+          job_id: attempt.id,
+          lock_token: attempt.lock_token,
+          progress,
+        },
+        boolean,
+        signal,
+      ),
+    checkin: (worker, queue, kinds, signal) =>
+      call("checkin", { worker, queue, kinds }, nothing, signal),
+    maxResultBytes: async (signal) => {
+      const [row] = await read<{ max_result_bytes: number }>(
+        "config",
+        "max_result_bytes",
+        signal,
+      );
       if (typeof row?.max_result_bytes !== "number") {
         throw failure("config", { message: "no max_result_bytes in the config row" });
       }
@@ -351,49 +503,47 @@ export function supabaseQueue(settings: QueueConnection): Queue {
     },
 
     enqueue: async (kind, payload = {}, options = {}) =>
-      await call<number>("enqueue", {
+      await call("enqueue", {
         kind,
         payload,
         ...newJobArgs(options),
         ...(options.onConflict === undefined ? {} : { on_conflict: options.onConflict }),
-      }),
+      }, jobId),
     enqueueMany: async (jobs) =>
-      await call<number[]>("enqueue_many", {
+      await call("enqueue_many", {
         jobs: jobs.map(({ kind, payload, ...options }) => ({
           kind,
           ...(payload === undefined ? {} : { payload }),
           ...newJobArgs(options),
         })),
-      }),
+      }, jobIds),
     setConcurrencyLimit: async (concurrencyKey, maxRunning) =>
-      await call<number | null>("set_concurrency_limit", {
+      await call("set_concurrency_limit", {
         concurrency_key: checkedKey(concurrencyKey),
         max_running: maxRunning,
-      }),
-    pause: (queue) => call<boolean>("pause", { queue }),
-    resume: (queue) => call<boolean>("resume", { queue }),
+      }, countOrNull),
+    pause: (queue) => call("pause", { queue }, boolean),
+    resume: (queue) => call("resume", { queue }, boolean),
     setRateLimit: (queue, perSecond, burst) =>
-      call<void>("set_rate_limit", {
+      call("set_rate_limit", {
         queue,
         per_second: perSecond,
         ...(burst === undefined ? {} : { burst }),
-      }),
+      }, nothing),
     schedule: (name, cron, kind, payload = {}, queue = "default") =>
-      call<number>("schedule", { name, cron, kind, payload, queue }),
-    unschedule: (name) => call<boolean>("unschedule", { name }),
-    job: async (id) => (await call<JobRecord[]>("job", { job_id: id }))[0] ?? null,
+      call("schedule", { name, cron, kind, payload, queue }, jobId),
+    unschedule: (name) => call("unschedule", { name }, boolean),
+    job: async (id) => (await call("job", { job_id: id }, jobRows))[0] ?? null,
     schedules: () => read<Schedule>("schedules"),
     queueStates: () => read<QueueState>("queue_states"),
     stats: () => read<StatsRow>("stats"),
-    metrics: () => call<MetricSample[]>("metrics", {}),
-    throughput: (minutes = 30) => call<ThroughputPoint[]>("throughput", { minutes }),
+    metrics: () => call("metrics", {}, metricRows),
+    throughput: (minutes = 30) => call("throughput", { minutes }, throughputRows),
     traceContexts: async (ids) => {
-      const rows = await call<{ id: number; traceparent: string }[]>("trace_contexts", {
-        job_ids: ids,
-      });
+      const rows = await call("trace_contexts", { job_ids: ids }, traceRows);
       return new Map(rows.map(({ id, traceparent }) => [id, traceparent]));
     },
-    configure: (changes = {}) => call<Record<string, Json>>("configure", { changes }),
+    configure: (changes = {}) => call("configure", { changes }, configuration),
   };
 }
 

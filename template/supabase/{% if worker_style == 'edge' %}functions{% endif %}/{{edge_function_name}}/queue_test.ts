@@ -59,8 +59,20 @@ const claimed: ClaimedJob = {
   concurrency_key: null,
 };
 
+/** What each SQL function returns, in shape. */
+function answerOfItsShape(path: string): unknown {
+  const fn = path.replace("rpc/", "");
+  if (["pause", "resume", "unschedule", "complete", "progress", "release"].includes(fn)) {
+    return true;
+  }
+  if (fn === "configure") return { max_result_bytes: 1024 };
+  if (fn === "throughput") return [];
+  if (fn === "set_rate_limit") return undefined;
+  return 1;
+}
+
 Deno.test("each method calls its SQL function with its named arguments", async () => {
-  await withApi(() => 1, async (queue, got) => {
+  await withApi(answerOfItsShape, async (queue, got) => {
     await queue.enqueue("send_email", { to: "a@example.com" });
     await queue.enqueue("sync.crm", { account: 42 }, {
       runAfter: new Date("2026-01-01T00:00:30Z"),
@@ -215,10 +227,10 @@ Deno.test("views and the config are read with GET", async () => {
       assert.equal(await queue.maxResultBytes(), 4096);
 
       assert.deepEqual(got.map(({ method, path, schema }) => [method, path, schema]), [
-        ["GET", "stats?select=*", "jobs_schema"],
-        ["GET", "queue_states?select=*", "jobs_schema"],
-        ["GET", "schedules?select=*", "jobs_schema"],
-        ["GET", "config?select=max_result_bytes", "jobs_schema"],
+        ["GET", "stats?select=*&limit=1000", "jobs_schema"],
+        ["GET", "queue_states?select=*&limit=1000", "jobs_schema"],
+        ["GET", "schedules?select=*&limit=1000", "jobs_schema"],
+        ["GET", "config?select=max_result_bytes&limit=1000", "jobs_schema"],
       ]);
     },
   );
@@ -272,4 +284,58 @@ Deno.test("a concurrency key the database would refuse is refused here, saying w
     await queue.enqueue("ok", {}, { concurrencyKey: "😀".repeat(200) });
     assert.equal(got.length, 1);
   });
+});
+
+Deno.test("an answer of the wrong shape is a QueueError saying what was expected", async () => {
+  await withApi(
+    (path) => path.startsWith("rpc/complete_and_claim") ? [{ id: "7" }] : "yes",
+    async (queue) => {
+      const claim = { worker: "w", queue: "q", kinds: ["ok"], maxJobs: 1, done: [] };
+      await assert.rejects(
+        queue.completeAndClaim(claim),
+        (error) =>
+          error instanceof QueueError && error.call === "complete_and_claim()" &&
+          /returned \[\{"id":"7"\}\], not a list of claimed jobs: are the project's migrations applied/
+            .test(error.message),
+      );
+      await assert.rejects(
+        queue.complete(claimed),
+        (error) =>
+          error instanceof QueueError && /returned "yes", not true or false/.test(error.message),
+      );
+    },
+  );
+});
+
+Deno.test("a view of 1000 rows or more is refused, never cut short", async () => {
+  const rows = Array.from({ length: 1000 }, (_, n) => ({ queue: `q${n}` }));
+  await withApi(() => rows, async (queue) => {
+    await assert.rejects(
+      queue.stats(),
+      (error) =>
+        error instanceof QueueError &&
+        /stats has 1000 rows or more, the most the Data API returns at once/.test(error.message),
+    );
+  });
+  await withApi(() => rows.slice(1), async (queue) => {
+    assert.equal((await queue.stats()).length, 999);
+  });
+});
+
+Deno.test("a call whose signal aborts gives up, with a QueueError", async () => {
+  let answer = () => {};
+  const held = new Promise<void>((resolve) => answer = resolve);
+  await withApi(
+    () => held.then(() => Response.json(true)),
+    async (queue) => {
+      const controller = new AbortController();
+      const call = queue.release(claimed, controller.signal);
+      controller.abort(new DOMException("timed out after 10 ms", "TimeoutError"));
+      await assert.rejects(
+        call,
+        (error) => error instanceof QueueError && error.call === "release()" && error.code === "",
+      );
+      answer();
+    },
+  );
 });

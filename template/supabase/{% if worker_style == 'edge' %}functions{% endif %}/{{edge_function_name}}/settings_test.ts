@@ -110,3 +110,59 @@ Deno.test("the wake-up secret is required and never an API key", () => {
   );
   assert.equal(loadSettings(env(base)).wakeSecret, base.PGQUEUE_WAKE_SECRET);
 });
+
+Deno.test("the wall-clock limit is the free plan's 150 s unless set, and bounds the budget", () => {
+  const free = loadSettings(env(base));
+  assert.equal(free.wallClockLimitMs, 150_000);
+  assert.ok(free.timeBudgetMs <= free.wallClockLimitMs);
+  assert.throws(
+    () => loadSettings(env({ ...base, PGQUEUE_TIME_BUDGET_SECONDS: "200" })),
+    (error: Error) => {
+      assert.ok(error instanceof SettingsError);
+      assert.match(
+        error.message,
+        /PGQUEUE_TIME_BUDGET_SECONDS is 200, above the plan's wall-clock limit of 150 s.*PGQUEUE_WALL_CLOCK_LIMIT_SECONDS=400/,
+      );
+      return true;
+    },
+  );
+  const paid = loadSettings(
+    env({ ...base, PGQUEUE_WALL_CLOCK_LIMIT_SECONDS: "400", PGQUEUE_TIME_BUDGET_SECONDS: "200" }),
+  );
+  assert.deepEqual([paid.wallClockLimitMs, paid.timeBudgetMs], [400_000, 200_000]);
+  // Scaled down (tests): the default budget never exceeds the limit.
+  const short = loadSettings(env({ ...base, PGQUEUE_WALL_CLOCK_LIMIT_SECONDS: "20" }));
+  assert.deepEqual([short.wallClockLimitMs, short.timeBudgetMs], [20_000, 20_000]);
+  assert.throws(
+    () => loadSettings(env({ ...base, PGQUEUE_WALL_CLOCK_LIMIT_SECONDS: "401" })),
+    /PGQUEUE_WALL_CLOCK_LIMIT_SECONDS must be a whole number from 2 to 400/,
+  );
+});
+
+Deno.test("the cap on jobs in flight is one batch unless set, and a batch never exceeds it", () => {
+  assert.equal(loadSettings(env(base)).maxJobsInFlight, 10);
+  assert.equal(loadSettings(env({ ...base, PGQUEUE_BATCH_SIZE: "25" })).maxJobsInFlight, 25);
+  const capped = loadSettings(
+    env({ ...base, PGQUEUE_MAX_JOBS_IN_FLIGHT: "4", PGQUEUE_BATCH_SIZE: "25" }),
+  );
+  assert.deepEqual([capped.maxJobsInFlight, capped.batchSize], [4, 4]);
+});
+
+Deno.test("the metrics token is optional, and never an API key or the wake-up secret", () => {
+  assert.equal(loadSettings(env(base)).metricsToken, undefined);
+  const token = ["metrics", "token", "of", "the", "tests"].join("-");
+  assert.equal(
+    loadSettings(env({ ...base, PGQUEUE_METRICS_TOKEN: token })).metricsToken,
+    token,
+  );
+  for (const reused of ["sb_secret_abc", "service-role-jwt", base.PGQUEUE_WAKE_SECRET]) {
+    assert.throws(
+      () => loadSettings(env({ ...base, PGQUEUE_METRICS_TOKEN: reused })),
+      /PGQUEUE_METRICS_TOKEN must be a token of its own/,
+    );
+  }
+  assert.throws(
+    () => loadSettings(env({ ...base, PGQUEUE_METRICS_TOKEN: "short" })),
+    /PGQUEUE_METRICS_TOKEN must be at least 16 characters/,
+  );
+});

@@ -25,7 +25,7 @@ export interface StoredJob extends ClaimedJob {
 }
 
 /** A call of completeAndClaim(), with the ids of the jobs it completed. */
-export type Call = Omit<CompleteAndClaimOptions, "done"> & { done: number[] };
+export type Call = Omit<CompleteAndClaimOptions, "done" | "signal"> & { done: number[] };
 
 export class MemoryQueue implements WorkerQueue {
   jobs: StoredJob[] = [];
@@ -81,7 +81,8 @@ export class MemoryQueue implements WorkerQueue {
   }
 
   completeAndClaim(options: CompleteAndClaimOptions): Promise<ClaimedJob[]> {
-    const call = { ...options, done: options.done.map(({ job }) => job.id) };
+    const { signal: _signal, ...sent } = options;
+    const call = { ...sent, done: options.done.map(({ job }) => job.id) };
     this.calls.push(call);
     this.beforeCall(call);
     // One transaction: a result too large refuses the whole call; a stale token's job is left
@@ -133,6 +134,17 @@ export class MemoryQueue implements WorkerQueue {
   checkin(worker: string, queue: string, kinds: string[]): Promise<void> {
     this.checkins.push({ worker, queue, kinds });
     return Promise.resolve();
+  }
+
+  /** release(): the job goes back to the queue, due now, its attempt not counted. */
+  release(attempt: Attempt): Promise<boolean> {
+    const job = this.holder(attempt);
+    if (job === undefined) return Promise.resolve(false);
+    job.status = "queued";
+    job.attempts = Math.max(job.attempts - 1, 0);
+    job.lock_token = "";
+    job.runAfter = 0;
+    return Promise.resolve(true);
   }
 
   fail(claimed: ClaimedJob, error: string, retryable: boolean): Promise<FailOutcome> {
@@ -208,8 +220,8 @@ export function jobContext(
 }
 
 /**
- * A clock for drain()'s `now` and `sleep`: sleeping moves it on at once, and what a test
- * scheduled with `at()` happens when the clock passes its time.
+ * A clock for the drain (worker.ts's Clock): sleeping moves it on at once, a timeout's signal
+ * aborts when the clock passes its time, and so does what a test scheduled with `at()`.
  */
 export class FakeClock {
   time = 0;
@@ -220,6 +232,15 @@ export class FakeClock {
   sleep = (ms: number): Promise<void> => {
     this.advance(ms);
     return Promise.resolve();
+  };
+
+  timeout = (ms: number): AbortSignal => {
+    const controller = new AbortController();
+    const abort = () =>
+      controller.abort(new DOMException(`timed out after ${ms} ms`, "TimeoutError"));
+    if (ms <= 0) abort();
+    else this.at(this.time + ms, abort);
+    return controller.signal;
   };
 
   advance(ms: number): void {

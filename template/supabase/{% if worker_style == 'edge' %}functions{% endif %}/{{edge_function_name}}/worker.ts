@@ -1,10 +1,14 @@
-// Machinery: one wake-up's work. Claim a batch, run its jobs concurrently, fail the ones that
-// threw, and claim the next batch in the same call that completes the ones that ran to the
-// end; go on until the queues are empty, then linger: claim again every few tens of
-// milliseconds for a while, in case more jobs come, until the window passes with nothing to
-// do or the time budget is nearly spent. Completions that no claim took along are sent on
-// their own before the drain ends. What a handler returns rides along with its completion as
-// the job's result, once checked against the database's size limit.
+// Machinery: a drain, the work of the wake-ups an instance gets. Claim a batch, run its jobs
+// concurrently, fail the ones that threw, and claim the next batch in the same call that
+// completes the ones that ran to the end; go on until the queues are empty, then linger:
+// claim again every few tens of milliseconds for a while, in case more jobs come, until the
+// window passes with nothing to do or the deadline is near. A wake-up that comes meanwhile
+// joins the drain. The deadline is the earlier of the time budget and the isolate's own
+// wall-clock limit (less a margin): at the deadline, or when the runtime unloads the function
+// (`beforeunload`), claiming stops and the jobs still running are released (their attempt not
+// counted); completions that no claim took along are sent before the drain ends. What a
+// handler returns rides along with its completion as the job's result, once checked against
+// the database's size limit.
 import type { HandlerMap, Job } from "./job.ts";
 import { PermanentError } from "./job.ts";
 import {
@@ -16,6 +20,21 @@ import {
   TOO_BIG,
   type WorkerQueue,
 } from "./queue.ts";
+/** All the drain's timing: the runtime's by default (systemClock), a fake one in tests. */
+export interface Clock {
+  /** Milliseconds on a monotonic clock (systemClock: since the isolate started). */
+  now(): number;
+  /** Waits `ms`, or less if `signal` aborts first. */
+  sleep(ms: number, signal?: AbortSignal): Promise<void>;
+  /** A signal that aborts with a TimeoutError `ms` from now. */
+  timeout(ms: number): AbortSignal;
+}
+
+export const systemClock: Clock = {
+  now: () => performance.now(),
+  sleep: abortableSleep,
+  timeout: (ms) => AbortSignal.timeout(Math.max(Math.round(ms), 0)),
+};
 
 export interface DrainOptions {
   queue: WorkerQueue;
@@ -23,18 +42,26 @@ export interface DrainOptions {
   /** Recorded on each claimed job (locked_by). */
   workerId: string;
   batchSize: number;
+  /** The most jobs one claim takes and runs at once (default: batchSize). */
+  maxJobsInFlight?: number;
   /** The lease claims ask for; without it, the lease configured in the database. */
   leaseSeconds?: number;
-  /** Stop claiming once this much time has passed (or is about to). */
+  /** Stop claiming once this much time has passed since the drain started. */
   timeBudgetMs: number;
+  /**
+   * How long the platform lets an isolate live (wall clock), counted from `isolateStartedAt`:
+   * 150 s on the free plan, 400 s on paid plans.
+   */
+  wallClockLimitMs: number;
+  /** When the isolate started, on the clock (default: when the drain started). */
+  isolateStartedAt?: number;
+  /** The longest a Data API call may take (default 10 s), and never longer than time left. */
+  callTimeoutMs?: number;
   /** Go on claiming for this long after the queues ran dry (default 0: stop at once). */
   lingerMs?: number;
-  /** How often to claim while lingering (default 100 ms). */
-  lingerPollMs?: number;
-  /** Milliseconds on a monotonic clock; tests pass their own. */
-  now?: () => number;
-  /** Waits `ms` on that clock, or less if `signal` aborts first; tests pass their own. */
-  sleep?: (ms: number, signal: AbortSignal) => Promise<void>;
+  /** How often to claim while lingering. */
+  lingerPollMs: number;
+  clock?: Clock;
   log?: (event: LogEvent) => void;
 }
 
@@ -43,6 +70,8 @@ export type LogEvent = { event: string } & Record<string, unknown>;
 export interface DrainSummary {
   /** The wake-ups this drain served: the one that started it and those that joined it. */
   wakeUps: number;
+  /** complete_and_claim() calls made. */
+  calls: number;
   claimed: number;
   /**
    * Jobs that ran to the end and were reported done: along with the next claim, or on their
@@ -57,247 +86,408 @@ export interface DrainSummary {
    * result too large to store, or their last attempt).
    */
   deadLettered: number;
+  /**
+   * Jobs handed back to the queue unfinished, their attempt not counted: cut off by the
+   * deadline or by the function's unloading.
+   */
+  released: number;
   /** Failed jobs whose lease was lost (rescued or cancelled) before they were reported. */
   stale: number;
   /** Jobs left running because reporting them failed; the sweeper rescues them. */
   unreported: number;
   /**
    * Why claiming stopped: the queues stayed empty for the whole linger window, the time
-   * budget ran out (with jobs waiting, or while lingering), or a call to the API failed.
+   * budget ran out, the isolate's wall-clock limit was near, the runtime unloaded the
+   * function, or a call to the API failed.
    */
-  stoppedBy: "empty" | "time budget" | "error";
+  stoppedBy: "empty" | "time budget" | "wall-clock limit" | "unload" | "error";
   error?: string;
   elapsedMs: number;
 }
 
-/** A drain under way, which later wake-ups for the same queues may join. */
+/** A drain under way, which later wake-ups join. */
 export interface Drain {
   readonly queues: readonly string[];
   /**
-   * Hands this drain another wake-up: it claims again at once and starts its linger window
-   * over. Taken only while the drain lingers with at least half its time budget left (a busy
-   * drain has its hands full, and a wake-up's jobs should not wait for one that is about to
-   * stop); false otherwise, and then the wake-up starts a drain of its own.
+   * Hands this drain another wake-up, for `queues` (added to those it drains): it claims
+   * again at once and starts its linger window over; its deadline stays. False once it has
+   * stopped claiming; then the wake-up needs a drain of its own.
    */
-  join(): boolean;
+  join(queues: readonly string[]): boolean;
+  /** The runtime is unloading the function: stop claiming, release the jobs running. */
+  unload(): void;
   readonly done: Promise<DrainSummary>;
 }
 
+/** The share of the wall-clock limit kept back to release and report what is in hand. */
+const WALL_CLOCK_MARGIN = 0.1;
 /** Time kept back at the end of a lease to report the job before the lease runs out. */
 const LEASE_MARGIN_MS = 2000;
-const DEFAULT_LINGER_POLL_MS = 100;
+const DEFAULT_CALL_TIMEOUT_MS = 10_000;
 
 /** One JSON line per event, which the Edge runtime's logs show as they are. */
 export function logJson(event: LogEvent): void {
   console.log(JSON.stringify(event));
 }
 
-/** Runs jobs of `queues` (in turn) until they stay empty or time is nearly up. */
-export function drain(
-  queues: readonly string[],
-  options: DrainOptions,
-): Promise<DrainSummary> {
-  return startDrain(queues, options).done;
+/** Starts draining `queues`; see Drain. */
+export function startDrain(queues: readonly string[], options: DrainOptions): Drain {
+  return new QueueDrain(queues, options);
 }
 
-/** drain(), with a handle that later wake-ups can join. */
-export function startDrain(queues: readonly string[], options: DrainOptions): Drain {
-  const now = options.now ?? (() => performance.now());
-  const sleep = options.sleep ?? abortableSleep;
-  const log = options.log ?? logJson;
-  const lingerMs = options.lingerMs ?? 0;
-  const pollMs = options.lingerPollMs ?? DEFAULT_LINGER_POLL_MS;
-  const started = now();
-  const deadline = started + options.timeBudgetMs;
-  const kinds = Object.keys(options.handlers);
-  const woken = [...new Set(queues)];
-  const summary: DrainSummary = {
+class QueueDrain implements Drain {
+  readonly queues: string[];
+  readonly done: Promise<DrainSummary>;
+  readonly summary: DrainSummary = {
     wakeUps: 1,
+    calls: 0,
     claimed: 0,
     completed: 0,
     retried: 0,
     deadLettered: 0,
+    released: 0,
     stale: 0,
     unreported: 0,
     stoppedBy: "empty",
     elapsedMs: 0,
   };
+  private readonly options: DrainOptions;
+  private readonly clock: Clock;
+  private readonly log: (event: LogEvent) => void;
+  private readonly kinds: string[];
+  private readonly started: number;
+  /** When claiming stops and running handlers are cut off; and why then. */
+  private readonly deadline: number;
+  private readonly deadlineReason: "time budget" | "wall-clock limit";
+  /** When the platform ends the isolate: the last reports must be sent by then. */
+  private readonly isolateEnd: number;
+  private readonly claimSize: number;
   // When the queues were last found dry, while this drain lingers; undefined while it works.
-  let drySince: number | undefined;
-  let joined = false;
-  let stopped = false;
-  let interruptPause: AbortController | undefined;
+  private drySince: number | undefined;
+  private joined = false;
+  private stopped = false;
+  private interruptPause: AbortController | undefined;
+  private cutBatch: AbortController | undefined;
   // Jobs that ran to the end, not yet reported: the next call takes them along.
-  let finished: DoneJob[] = [];
+  private finished: DoneJob[] = [];
   // The largest result the database stores, read when a job first returns one.
-  let resultLimit: Promise<number> | undefined;
-  const maxResultBytes = () =>
-    resultLimit ??= options.queue.maxResultBytes().catch((error) => {
-      log({
-        event: "queue.error",
-        call: "config",
-        error: describe(error),
-        assumed: { max_result_bytes: MAX_RESULT_BYTES },
-      });
-      return MAX_RESULT_BYTES;
-    });
+  private resultLimit: Promise<number> | undefined;
+  private readonly checkins: Promise<void>[] = [];
+  // The lease the database gives a claim that asks for none, once a claim has shown it.
+  private databaseLeaseSeconds: number | undefined;
 
-  function stop(reason: DrainSummary["stoppedBy"]): void {
-    stopped = true;
-    summary.stoppedBy = reason;
+  constructor(queues: readonly string[], options: DrainOptions) {
+    this.options = options;
+    this.clock = options.clock ?? systemClock;
+    this.log = options.log ?? logJson;
+    this.kinds = Object.keys(options.handlers);
+    this.queues = [...new Set(queues)];
+    this.started = this.clock.now();
+    const limitMs = options.wallClockLimitMs;
+    this.isolateEnd = (options.isolateStartedAt ?? this.started) + limitMs;
+    const budgetEnd = this.started + options.timeBudgetMs;
+    const isolateDeadline = this.isolateEnd - limitMs * WALL_CLOCK_MARGIN;
+    this.deadline = Math.min(budgetEnd, isolateDeadline);
+    this.deadlineReason = budgetEnd <= isolateDeadline ? "time budget" : "wall-clock limit";
+    this.claimSize = Math.min(options.batchSize, options.maxJobsInFlight ?? options.batchSize);
+    this.checkIn(this.queues);
+    this.done = this.run();
   }
 
-  /** Completes the finished jobs and claims up to `maxJobs` of `queue`, in one call. */
-  async function completeAndClaim(queue: string, maxJobs: number): Promise<ClaimedJob[]> {
-    const call = () =>
-      options.queue.completeAndClaim({
-        worker: options.workerId,
-        done: finished,
-        queue,
-        kinds,
-        maxJobs,
-        leaseSeconds: options.leaseSeconds,
-      });
-    let jobs: ClaimedJob[];
+  join(queues: readonly string[]): boolean {
+    if (this.stopped) return false;
+    const added = queues.filter((queue) => !this.queues.includes(queue));
+    this.queues.push(...added);
+    this.checkIn(added);
+    this.summary.wakeUps += 1;
+    this.joined = true;
+    this.interruptPause?.abort();
+    return true;
+  }
+
+  unload(): void {
+    if (this.stopped && this.summary.stoppedBy === "unload") return;
+    this.stop("unload");
+    this.interruptPause?.abort();
+    this.cutBatch?.abort(new DOMException("the function is being unloaded", "AbortError"));
+  }
+
+  private async run(): Promise<DrainSummary> {
     try {
-      jobs = await call();
+      await this.claimUntilDone();
     } catch (error) {
-      if (!isTooBig(error) || !finished.some(({ result }) => result !== null)) throw error;
-      // The database measures a result as it stores it (jsonb), which can be larger than its
-      // JSON text (a long array of small numbers is), and then refuses the whole call. So
-      // the jobs with a result are reported one at a time, failing the ones refused, and the
-      // others go with the claim as usual.
-      await completeOneByOne();
-      jobs = await call();
+      this.stop("error");
+      this.summary.error = describe(error);
     }
-    // Only now: if the call failed, they are still to report (again, which is harmless if
-    // the call went through after all).
-    summary.completed += finished.length;
-    finished = [];
-    return jobs;
+    // Part of the drain's work (what the Edge runtime waits for): once that settles, the
+    // function may be shut down, and completions not sent by then would be lost.
+    await this.reportFinished();
+    await Promise.all(this.checkins);
+    this.summary.elapsedMs = Math.round(this.clock.now() - this.started);
+    return this.summary;
   }
 
-  async function completeOneByOne(): Promise<void> {
-    for (const done of finished.filter(({ result }) => result !== null)) {
-      try {
-        await options.queue.complete(done.job, done.result);
-        summary.completed += 1;
-      } catch (error) {
-        if (!isTooBig(error)) throw error;
-        const refused = new ResultError(
-          `the database refused the handler's result: ${(error as QueueError).reason}`,
-        );
-        await reportFailure(done.job, refused, { queue: options.queue, log, summary });
-      }
-      finished = finished.filter((other) => other !== done);
-    }
+  private stop(reason: DrainSummary["stoppedBy"]): void {
+    if (this.stopped && reason !== "unload") return;
+    this.stopped = true;
+    this.summary.stoppedBy = reason;
   }
 
-  async function run(): Promise<void> {
+  /** Claims and runs batches, lingering when the queues run dry, until it should stop. */
+  private async claimUntilDone(): Promise<void> {
     // The longest a batch has taken so far: when less time than that is left, another batch
-    // might not finish inside the budget, so this wake-up stops claiming.
+    // might not finish before the deadline, so the drain stops claiming.
     let slowestBatchMs = 0;
-    let active = woken;
-    while (true) {
-      if (joined) {
-        joined = false;
-        drySince = undefined;
-        active = woken;
+    let active: string[] = this.queues;
+    while (!this.stopped) {
+      if (this.joined) {
+        this.joined = false;
+        this.drySince = undefined;
+        active = [...this.queues];
       }
       if (active.length === 0) {
-        // Every queue came back empty, or short of a full batch with nothing to report: linger,
-        // polling, until the window passes with nothing found.
-        drySince ??= now();
-        const lingerLeft = drySince + lingerMs - now();
-        if (lingerLeft <= 0) return stop("empty");
-        const pause = Math.min(pollMs, lingerLeft);
-        if (now() + pause + slowestBatchMs >= deadline) return stop("time budget");
-        interruptPause = new AbortController();
-        await sleep(pause, interruptPause.signal);
-        interruptPause = undefined;
-        active = woken;
+        if (!(await this.linger(slowestBatchMs))) return;
+        active = [...this.queues];
         continue;
       }
       const again: string[] = [];
       for (const queue of active) {
-        if (now() + slowestBatchMs >= deadline) return stop("time budget");
-        const batchStarted = now();
-        const jobs = await completeAndClaim(queue, options.batchSize);
+        if (this.stopped) return;
+        if (this.clock.now() + slowestBatchMs >= this.deadline) {
+          return this.stop(this.deadlineReason);
+        }
+        const batchStarted = this.clock.now();
+        const jobs = await this.completeAndClaim(queue, this.claimSize);
         if (jobs.length === 0) continue;
-        drySince = undefined;
-        summary.claimed += jobs.length;
-        // Handlers are stopped before the budget ends and before their lease does, so each
-        // job is reported before the sweeper could hand it to another worker.
-        const stopAt = Math.min(deadline, batchStarted + shortestLeaseMs(jobs) - LEASE_MARGIN_MS);
-        const ranToTheEnd = await runBatch(jobs, stopAt - now(), {
-          ...options,
-          maxResultBytes,
-          log,
-          summary,
-        });
-        finished.push(...ranToTheEnd);
-        slowestBatchMs = Math.max(slowestBatchMs, now() - batchStarted);
+        this.drySince = undefined;
+        this.summary.claimed += jobs.length;
+        const ranToTheEnd = await this.runBatch(jobs, batchStarted);
+        this.finished.push(...ranToTheEnd);
+        slowestBatchMs = Math.max(slowestBatchMs, this.clock.now() - batchStarted);
+        if (this.clock.now() >= this.deadline) return this.stop(this.deadlineReason);
         // A full batch: more may wait. A short one with jobs to report: they go at once,
         // with one more claim (as cheap as sending them alone), not after a linger pause.
-        if (jobs.length === options.batchSize || ranToTheEnd.length > 0) again.push(queue);
+        if (jobs.length === this.claimSize || ranToTheEnd.length > 0) again.push(queue);
       }
       active = again;
     }
   }
 
-  /** Sends the completions that no claim took along (the drain stopped after their batch). */
-  async function reportFinished(): Promise<void> {
-    if (finished.length === 0) return;
+  /**
+   * Every queue came back empty, or short of a full batch with nothing to report: one pause
+   * of the linger window. False when the window passed with nothing found (or the deadline
+   * is near), and the drain stops.
+   */
+  private async linger(slowestBatchMs: number): Promise<boolean> {
+    const lingerMs = this.options.lingerMs ?? 0;
+    const pollMs = this.options.lingerPollMs;
+    this.drySince ??= this.clock.now();
+    const lingerLeft = this.drySince + lingerMs - this.clock.now();
+    if (lingerLeft <= 0) {
+      this.stop("empty");
+      return false;
+    }
+    const pause = Math.min(pollMs, lingerLeft);
+    if (this.clock.now() + pause + slowestBatchMs >= this.deadline) {
+      this.stop(this.deadlineReason);
+      return false;
+    }
+    this.interruptPause = new AbortController();
+    await this.clock.sleep(pause, this.interruptPause.signal);
+    this.interruptPause = undefined;
+    return !this.stopped;
+  }
+
+  /** A signal for one Data API call: its timeout, shorter than the time left until `end`. */
+  private callSignal(end = this.isolateEnd): AbortSignal {
+    const timeoutMs = this.options.callTimeoutMs ?? DEFAULT_CALL_TIMEOUT_MS;
+    return this.clock.timeout(Math.min(timeoutMs, end - this.clock.now()));
+  }
+
+  /** Completes the finished jobs and claims up to `maxJobs` of `queue`, in one call. */
+  private async completeAndClaim(queue: string, maxJobs: number): Promise<ClaimedJob[]> {
+    const call = () => {
+      this.summary.calls += 1;
+      return this.options.queue.completeAndClaim({
+        worker: this.options.workerId,
+        done: this.finished,
+        queue,
+        kinds: this.kinds,
+        maxJobs,
+        // (A call that only completes claims nothing: its lease is moot.)
+        leaseSeconds: maxJobs > 0 ? this.leaseSeconds() : this.options.leaseSeconds,
+        // A claim must answer before the deadline; completions alone, before the isolate ends.
+        signal: this.callSignal(maxJobs > 0 ? this.deadline : this.isolateEnd),
+      });
+    };
+    let jobs: ClaimedJob[];
     try {
-      await completeAndClaim(woken[0], 0);
+      jobs = await call();
     } catch (error) {
-      summary.unreported += finished.length;
-      log({
+      if (!isTooBig(error) || !this.finished.some(({ result }) => result !== null)) throw error;
+      // The database measures a result as it stores it (jsonb), which can be larger than its
+      // JSON text (a long array of small numbers is), and then refuses the whole call. So
+      // the jobs with a result are reported one at a time, failing the ones refused, and the
+      // others go with the claim as usual.
+      await this.completeOneByOne();
+      jobs = await call();
+    }
+    // Only now: if the call failed, they are still to report (again, which is harmless if
+    // the call went through after all).
+    this.summary.completed += this.finished.length;
+    this.finished = [];
+    return jobs;
+  }
+
+  /**
+   * The lease a claim asks for: the worker's (PGQUEUE_LEASE_SECONDS), or none for the
+   * database's; never longer than the isolate has left, so the jobs of an isolate that is
+   * killed without warning go back to the queue soon after.
+   */
+  private leaseSeconds(): number | undefined {
+    const lease = this.options.leaseSeconds ?? this.databaseLeaseSeconds;
+    const leftSeconds = Math.max(Math.floor((this.isolateEnd - this.clock.now()) / 1000), 1);
+    return lease !== undefined && leftSeconds < lease ? leftSeconds : this.options.leaseSeconds;
+  }
+
+  private async completeOneByOne(): Promise<void> {
+    for (const done of this.finished.filter(({ result }) => result !== null)) {
+      try {
+        await this.options.queue.complete(done.job, done.result, this.callSignal());
+        this.summary.completed += 1;
+      } catch (error) {
+        if (!isTooBig(error)) throw error;
+        const refused = new ResultError(
+          `the database refused the handler's result: ${(error as QueueError).reason}`,
+        );
+        await this.reportFailure(done.job, refused);
+      }
+      this.finished = this.finished.filter((other) => other !== done);
+    }
+  }
+
+  /**
+   * Runs the batch and reports its failures; returns the jobs that ran to the end. Handlers
+   * are stopped at the deadline and before their lease ends, so each job is reported before
+   * the sweeper could hand it to another worker. A job cut off by the deadline (or by the
+   * unloading) is released; one that outlived its lease failed.
+   */
+  private async runBatch(jobs: ClaimedJob[], batchStarted: number): Promise<DoneJob[]> {
+    if (this.stopped) {
+      // The function is being unloaded: the jobs just claimed go back at once.
+      for (const job of jobs) await this.release(job);
+      return [];
+    }
+    const leaseMs = shortestLeaseMs(jobs);
+    if (this.options.leaseSeconds === undefined && this.databaseLeaseSeconds === undefined) {
+      this.databaseLeaseSeconds = Math.round(leaseMs / 1000);
+    }
+    const leaseEnd = batchStarted + leaseMs - LEASE_MARGIN_MS;
+    const cutByDeadline = this.deadline <= leaseEnd;
+    const stopAt = Math.min(this.deadline, leaseEnd);
+    const limitMs = Math.max(Math.round(stopAt - this.clock.now()), 0);
+    this.cutBatch = new AbortController();
+    const signal = AbortSignal.any([this.cutBatch.signal, this.clock.timeout(limitMs)]);
+    const context: JobRunContext = {
+      handlers: this.options.handlers,
+      queue: this.options.queue,
+      clock: this.clock,
+      log: this.log,
+      maxResultBytes: () => this.maxResultBytes(),
+      callSignal: () => this.callSignal(),
+    };
+    const outcomes = await Promise.all(
+      jobs.map((job) => runJob(job, signal, limitMs, context)),
+    );
+    this.cutBatch = undefined;
+
+    // One failure at a time: each one is a single small UPDATE, and they are rare.
+    const done: DoneJob[] = [];
+    for (const outcome of outcomes) {
+      if (outcome.ok) done.push({ job: outcome.job, result: outcome.result });
+      else if (outcome.cut && (cutByDeadline || this.stopped)) await this.release(outcome.job);
+      else await this.reportFailure(outcome.job, outcome.error);
+    }
+    return done;
+  }
+
+  /** Hands the job back to the queue, its attempt not counted. */
+  private async release(job: ClaimedJob): Promise<void> {
+    try {
+      await this.options.queue.release(job, this.callSignal());
+      this.summary.released += 1;
+      this.log({ event: "job.released", ...describeJob(job) });
+    } catch (error) {
+      this.summary.unreported += 1;
+      this.log({ event: "queue.error", call: "release", id: job.id, error: describe(error) });
+    }
+  }
+
+  /** fail()s the job: retried later, or dead-lettered when `error` is permanent. */
+  private async reportFailure(job: ClaimedJob, error: unknown): Promise<void> {
+    const retryable = !(error instanceof PermanentError);
+    // The place a result was refused is the worker's, not the handler's: no stack.
+    const stored = describe(error, !(error instanceof ResultError));
+    try {
+      const status = await this.options.queue.fail(job, stored, retryable, this.callSignal());
+      if (status === "queued") this.summary.retried += 1;
+      else if (status === "failed") this.summary.deadLettered += 1;
+      else this.summary.stale += 1;
+      this.log({
+        event: status === null ? "job.stale" : `job.${status}`,
+        ...describeJob(job),
+        error: describe(error, false),
+      });
+    } catch (queueError) {
+      this.summary.unreported += 1;
+      this.log({ event: "queue.error", call: "fail", error: describe(queueError) });
+    }
+  }
+
+  /** Sends the completions that no claim took along (the drain stopped after their batch). */
+  private async reportFinished(): Promise<void> {
+    if (this.finished.length === 0) return;
+    try {
+      await this.completeAndClaim(this.queues[0], 0);
+    } catch (error) {
+      this.summary.unreported += this.finished.length;
+      this.log({
         event: "queue.error",
         call: "complete_and_claim",
-        jobs: finished.map(({ job }) => job.id),
+        jobs: this.finished.map(({ job }) => job.id),
         error: describe(error),
       });
     }
   }
 
-  // Say which kinds this worker claims (so `unclaimed` does not list them), next to the
-  // first claim rather than before it; a failure is logged and changes nothing else.
-  const checkedIn = Promise.all(
-    woken.map((queue) =>
-      options.queue.checkin(options.workerId, queue, kinds).catch((error) => {
-        log({ event: "queue.error", call: "checkin", error: describe(error) });
-      })
-    ),
-  );
+  private maxResultBytes(): Promise<number> {
+    return this.resultLimit ??= this.options.queue.maxResultBytes(this.callSignal()).catch(
+      (error) => {
+        this.log({
+          event: "queue.error",
+          call: "config",
+          error: describe(error),
+          assumed: { max_result_bytes: MAX_RESULT_BYTES },
+        });
+        return MAX_RESULT_BYTES;
+      },
+    );
+  }
 
-  const done = (async () => {
-    try {
-      await run();
-    } catch (error) {
-      stop("error");
-      summary.error = describe(error);
+  /**
+   * Says which kinds this worker claims from `queues` (so `unclaimed` does not list them),
+   * next to the first claim rather than before it; a failure is logged and changes nothing.
+   */
+  private checkIn(queues: readonly string[]): void {
+    for (const queue of queues) {
+      this.checkins.push(
+        this.options.queue.checkin(this.options.workerId, queue, this.kinds, this.callSignal())
+          .catch((error) => {
+            this.log({ event: "queue.error", call: "checkin", error: describe(error) });
+          }),
+      );
     }
-    // Part of the drain's work (what the Edge runtime waits for): once that settles, the
-    // function may be shut down, and completions not sent by then would be lost.
-    await reportFinished();
-    await checkedIn;
-    summary.elapsedMs = Math.round(now() - started);
-    return summary;
-  })();
-
-  return {
-    queues: woken,
-    done,
-    join() {
-      const lingering = drySince !== undefined;
-      if (stopped || !lingering || now() - started > options.timeBudgetMs / 2) return false;
-      summary.wakeUps += 1;
-      joined = true;
-      interruptPause?.abort();
-      return true;
-    },
-  };
+  }
 }
 
 /**
@@ -318,18 +508,18 @@ function shortestLeaseMs(jobs: readonly ClaimedJob[]): number {
   return Math.min(...leases);
 }
 
-function abortableSleep(ms: number, signal: AbortSignal): Promise<void> {
+function abortableSleep(ms: number, signal?: AbortSignal): Promise<void> {
   return new Promise((resolve) => {
-    if (signal.aborted) return resolve();
+    if (signal?.aborted) return resolve();
     const timer = setTimeout(() => {
-      signal.removeEventListener("abort", cut);
+      signal?.removeEventListener("abort", cut);
       resolve();
     }, ms);
     const cut = () => {
       clearTimeout(timer);
       resolve();
     };
-    signal.addEventListener("abort", cut, { once: true });
+    signal?.addEventListener("abort", cut, { once: true });
   });
 }
 
@@ -345,72 +535,32 @@ function isTooBig(error: unknown): error is QueueError {
   return error instanceof QueueError && error.code === TOO_BIG;
 }
 
-/** What a batch needs besides the drain's options. */
-interface BatchContext extends DrainOptions {
-  maxResultBytes: () => Promise<number>;
+/** What running one job needs from its drain. */
+interface JobRunContext {
+  handlers: HandlerMap;
+  queue: WorkerQueue;
+  clock: Clock;
   log: (event: LogEvent) => void;
-  summary: DrainSummary;
+  maxResultBytes: () => Promise<number>;
+  /** A signal for one Data API call (a progress report). */
+  callSignal: () => AbortSignal;
 }
 
+/** How a job's run ended; `cut`: the batch's signal had fired when it did. */
 type Outcome = { job: ClaimedJob; ok: true; result: Json } | {
   job: ClaimedJob;
   ok: false;
   error: unknown;
+  cut: boolean;
 };
-
-/** Runs the batch and reports its failures; returns the jobs that ran to the end. */
-async function runBatch(
-  jobs: ClaimedJob[],
-  timeLeftMs: number,
-  context: BatchContext,
-): Promise<DoneJob[]> {
-  const limitMs = Math.max(Math.round(timeLeftMs), 0);
-  const signal = AbortSignal.timeout(limitMs);
-  const outcomes = await Promise.all(
-    jobs.map((job) => runJob(job, signal, limitMs, context)),
-  );
-
-  // One failure at a time: each one is a single small UPDATE, and they are rare.
-  const done: DoneJob[] = [];
-  for (const outcome of outcomes) {
-    if (outcome.ok) done.push({ job: outcome.job, result: outcome.result });
-    else await reportFailure(outcome.job, outcome.error, context);
-  }
-  return done;
-}
-
-/** fail()s the job: retried later, or dead-lettered when `error` is permanent. */
-async function reportFailure(
-  job: ClaimedJob,
-  error: unknown,
-  { queue, log, summary }: Pick<BatchContext, "queue" | "log" | "summary">,
-): Promise<void> {
-  const retryable = !(error instanceof PermanentError);
-  // The place a result was refused is the worker's, not the handler's: no stack.
-  const stored = describe(error, !(error instanceof ResultError));
-  try {
-    const status = await queue.fail(job, stored, retryable);
-    if (status === "queued") summary.retried += 1;
-    else if (status === "failed") summary.deadLettered += 1;
-    else summary.stale += 1;
-    log({
-      event: status === null ? "job.stale" : `job.${status}`,
-      ...describeJob(job),
-      error: describe(error, false),
-    });
-  } catch (queueError) {
-    summary.unreported += 1;
-    log({ event: "queue.error", call: "fail", error: describe(queueError) });
-  }
-}
 
 async function runJob(
   job: ClaimedJob,
   signal: AbortSignal,
   limitMs: number,
-  { handlers, queue, maxResultBytes, log }: BatchContext,
+  { handlers, queue, clock, maxResultBytes, log, callSignal }: JobRunContext,
 ): Promise<Outcome> {
-  const started = performance.now();
+  const started = clock.now();
   try {
     // Only the kinds in `handlers` are claimed, so this is a safety net.
     if (!Object.hasOwn(handlers, job.kind)) {
@@ -425,7 +575,7 @@ async function runJob(
       handlers[job.kind](job.payload, {
         job: toJob(job),
         signal,
-        reportProgress: (progress) => queue.progress(job, progress),
+        reportProgress: (progress) => queue.progress(job, progress, callSignal()),
       }),
       abandonedWhenAborted(signal, limitMs),
     ]);
@@ -433,11 +583,16 @@ async function runJob(
     log({
       event: "job.done",
       ...describeJob(job),
-      ms: Math.round(performance.now() - started),
+      ms: Math.round(clock.now() - started),
     });
     return { job, ok: true, result };
   } catch (error) {
-    return { job, ok: false, error: error ?? new Error("handler threw no error value") };
+    return {
+      job,
+      ok: false,
+      error: error ?? new Error("handler threw no error value"),
+      cut: signal.aborted,
+    };
   }
 }
 
@@ -475,8 +630,8 @@ function abandonedWhenAborted(signal: AbortSignal, limitMs: number): Promise<nev
   return new Promise((_resolve, reject) => {
     const abandon = () => {
       const error = new Error(
-        `the job was still running after ${limitMs} ms, when this wake-up's time budget ` +
-          "(or the job's lease) ran out; it will be retried",
+        `the job was still running after ${limitMs} ms, when its lease was about to run ` +
+          "out; it will be retried",
       );
       error.name = "TimeoutError";
       reject(error);

@@ -2,14 +2,23 @@ import assert from "node:assert/strict";
 import { z } from "zod";
 import { defineHandler, type HandlerMap, PermanentError } from "./job.ts";
 import { FakeClock, MemoryQueue } from "./testing.ts";
-import { type Drain, drain, type DrainOptions, type LogEvent, startDrain } from "./worker.ts";
+import {
+  type Drain,
+  type DrainOptions,
+  type DrainSummary,
+  type LogEvent,
+  startDrain,
+} from "./worker.ts";
 
-const ran: number[] = [];
+/** The `ok` kind: records each job's `n` in `ran`. */
+function recordingOk(ran: number[]) {
+  return defineHandler(z.object({ n: z.number() }), ({ n }) => {
+    ran.push(n);
+  });
+}
 
 const handlers: HandlerMap = {
-  ok: defineHandler(z.object({ n: z.number() }), ({ n }) => {
-    ran.push(n);
-  }),
+  ok: recordingOk([]),
   boom: defineHandler(z.object({}), () => {
     throw new Error("the upstream API is down");
   }),
@@ -29,18 +38,28 @@ function options(queue: MemoryQueue, overrides: Partial<DrainOptions> = {}): Dra
     workerId: "test-worker",
     batchSize: 3,
     timeBudgetMs: 10_000,
+    wallClockLimitMs: 150_000,
+    lingerPollMs: 100,
     log: () => {},
     ...overrides,
   };
 }
 
+/** A drain of `queues` from start to end. */
+function drain(queues: readonly string[], options: DrainOptions): Promise<DrainSummary> {
+  return startDrain(queues, options).done;
+}
+
 Deno.test("every job runs once and is completed, a batch at a time", async () => {
-  ran.length = 0;
+  const ran: number[] = [];
   const queue = new MemoryQueue();
   for (let n = 1; n <= 7; n++) queue.add("ok", { n });
   queue.add("not_ours");
 
-  const summary = await drain(["default"], options(queue));
+  const summary = await drain(
+    ["default"],
+    options(queue, { handlers: { ...handlers, ok: recordingOk(ran) } }),
+  );
 
   assert.deepEqual(ran.sort((a, b) => a - b), [1, 2, 3, 4, 5, 6, 7]);
   assert.deepEqual(queue.byStatus("done"), [1, 2, 3, 4, 5, 6, 7]);
@@ -148,14 +167,12 @@ Deno.test("a job whose lease was lost is left to its new owner", async () => {
 Deno.test("claiming stops when the time budget is nearly spent", async () => {
   const queue = new MemoryQueue();
   for (let n = 1; n <= 20; n++) queue.add("ok", { n });
-  let clock = 0;
-  queue.beforeCall = () => {
-    clock += 30; // each claim and its batch take 30 ms
-  };
+  const clock = new FakeClock();
+  queue.beforeCall = () => clock.advance(30); // each claim and its batch take 30 ms
 
   const summary = await drain(
     ["default"],
-    options(queue, { batchSize: 2, timeBudgetMs: 100, now: () => clock }),
+    options(queue, { batchSize: 2, timeBudgetMs: 100, clock }),
   );
 
   // 30, 60, 90 ms: a fourth batch would end at 120 ms, past the budget.
@@ -209,17 +226,6 @@ Deno.test("completions that cannot be sent are counted and logged, with their jo
   ));
 });
 
-Deno.test("handlers still running when the budget ends are aborted and retried", async () => {
-  const queue = new MemoryQueue();
-  const slow = queue.add("slow");
-
-  const summary = await drain(["default"], options(queue, { timeBudgetMs: 50 }));
-
-  assert.equal(slow.status, "queued");
-  assert.match(slow.lastError ?? "", /TimeoutError/);
-  assert.equal(summary.retried, 1);
-});
-
 Deno.test("a handler that ignores the abort is abandoned, and the batch goes on", async () => {
   const queue = new MemoryQueue();
   const stuck = queue.add("stuck");
@@ -228,14 +234,18 @@ Deno.test("a handler that ignores the abort is abandoned, and the batch goes on"
     ...handlers,
     stuck: defineHandler(z.object({}), () => new Promise<void>(() => {})),
   };
+  // The database's configured lease: 10 s leaves 8 s once the 2 s kept for reporting are
+  // taken off.
+  queue.leaseSeconds = 10;
+  const clock = new FakeClock();
+  const running = startDrain(["default"], options(queue, { handlers: withStuck, clock }));
+  await settle();
 
-  const summary = await drain(
-    ["default"],
-    options(queue, { handlers: withStuck, timeBudgetMs: 50 }),
-  );
+  clock.advance(8000);
+  const summary = await settledOrFail(running.done, "the stuck handler held the batch");
 
   assert.equal(stuck.status, "queued");
-  assert.match(stuck.lastError ?? "", /^TimeoutError: the job was still running after \d+ ms/);
+  assert.match(stuck.lastError ?? "", /^TimeoutError: the job was still running after 8000 ms/);
   assert.deepEqual(queue.byStatus("done"), [2]);
   assert.equal(summary.retried, 1);
 });
@@ -243,28 +253,36 @@ Deno.test("a handler that ignores the abort is abandoned, and the batch goes on"
 Deno.test("handlers are stopped before the lease their row was given runs out", async () => {
   const queue = new MemoryQueue();
   const slow = queue.add("slow");
-  // The database's configured lease: 2.05 s leaves 50 ms once the 2 s kept for reporting are
-  // taken off.
-  queue.leaseSeconds = 2.05;
-  const started = performance.now();
+  queue.leaseSeconds = 10; // the database's configured lease
+  const clock = new FakeClock();
+  const running = startDrain(["default"], options(queue, { clock }));
+  await settle();
 
-  await drain(["default"], options(queue));
+  // 2 s before the lease ends, to report the job in time.
+  clock.advance(7999);
+  await settle();
+  assert.equal(slow.status, "running");
+  clock.advance(1);
+  await settledOrFail(running.done, "the handler outlived its lease");
 
   assert.equal(slow.status, "queued");
-  assert.match(slow.lastError ?? "", /^TimeoutError: the job was still running after \d+ ms/);
-  assert.ok(performance.now() - started < 1000);
+  assert.equal(slow.attempts, 1, "a job longer than its lease spends its attempt");
+  assert.match(slow.lastError ?? "", /^TimeoutError: the job was still running after 8000 ms/);
 });
 
 Deno.test("a lease set for the worker is asked for, and limits the handlers", async () => {
   const queue = new MemoryQueue();
   const slow = queue.add("slow");
-  const started = performance.now();
+  const clock = new FakeClock();
+  const running = startDrain(["default"], options(queue, { clock, leaseSeconds: 11 }));
+  await settle();
 
-  await drain(["default"], options(queue, { leaseSeconds: 2.05 }));
+  clock.advance(9000); // inside the 10 s budget
+  await settledOrFail(running.done, "the handler outlived the worker's lease");
 
-  assert.equal(queue.claims[0].leaseSeconds, 2.05);
+  assert.equal(queue.claims[0].leaseSeconds, 11);
   assert.equal(slow.status, "queued");
-  assert.ok(performance.now() - started < 1000);
+  assert.match(slow.lastError ?? "", /after 9000 ms/);
 });
 
 Deno.test("claimed rows without their lease times end the drain with an error that says why", async () => {
@@ -314,7 +332,7 @@ Deno.test("an error from the API ends the drain and is reported", async () => {
 });
 
 Deno.test("after the queues run dry, the drain lingers and runs jobs that come late", async () => {
-  ran.length = 0;
+  const ran: number[] = [];
   const queue = new MemoryQueue();
   queue.add("ok", { n: 1 });
   const clock = new FakeClock();
@@ -323,7 +341,12 @@ Deno.test("after the queues run dry, the drain lingers and runs jobs that come l
 
   const summary = await drain(
     ["default"],
-    options(queue, { lingerMs: 2000, lingerPollMs: 100, now: clock.now, sleep: clock.sleep }),
+    options(queue, {
+      handlers: { ...handlers, ok: recordingOk(ran) },
+      lingerMs: 2000,
+      lingerPollMs: 100,
+      clock,
+    }),
   );
 
   assert.deepEqual(ran, [1, 2, 3]);
@@ -347,7 +370,7 @@ Deno.test("without a linger, the drain stops at the first claim that finds nothi
 
   const summary = await drain(
     ["default"],
-    options(queue, { lingerMs: 0, now: clock.now, sleep: clock.sleep }),
+    options(queue, { lingerMs: 0, clock }),
   );
 
   assert.equal(summary.stoppedBy, "empty");
@@ -367,8 +390,7 @@ Deno.test("the time budget ends a linger", async () => {
       timeBudgetMs: 1000,
       lingerMs: 5000,
       lingerPollMs: 100,
-      now: clock.now,
-      sleep: clock.sleep,
+      clock,
     }),
   );
 
@@ -385,7 +407,7 @@ Deno.test("a lingering drain polls every woken queue", async () => {
 
   const summary = await drain(
     ["emails", "webhooks"],
-    options(queue, { lingerMs: 1000, lingerPollMs: 250, now: clock.now, sleep: clock.sleep }),
+    options(queue, { lingerMs: 1000, lingerPollMs: 250, clock }),
   );
 
   assert.deepEqual(queue.byStatus("done"), [1]);
@@ -405,9 +427,9 @@ Deno.test("a wake-up joins a lingering drain, which starts its window over", asy
   const joins: boolean[] = [];
   const running = startDrain(
     ["default"],
-    options(queue, { lingerMs: 1000, lingerPollMs: 100, now: clock.now, sleep: clock.sleep }),
+    options(queue, { lingerMs: 1000, lingerPollMs: 100, clock }),
   );
-  clock.at(800, () => joins.push(running.join()));
+  clock.at(800, () => joins.push(running.join(["default"])));
   // Past the first window (which ended at 1,000 ms), inside the one the join started.
   clock.at(1700, () => queue.add("ok", { n: 1 }));
 
@@ -417,7 +439,7 @@ Deno.test("a wake-up joins a lingering drain, which starts its window over", asy
   assert.equal(summary.wakeUps, 2);
   assert.equal(summary.completed, 1);
   assert.equal(summary.elapsedMs, 2700);
-  assert.equal(running.join(), false, "a drain that stopped takes no more wake-ups");
+  assert.equal(running.join(["default"]), false, "a drain that stopped takes no more wake-ups");
 });
 
 Deno.test("a wake-up that joins cuts the drain's pause short", async () => {
@@ -435,28 +457,28 @@ Deno.test("a wake-up that joins cuts the drain's pause short", async () => {
   };
   const running = startDrain(
     ["default"],
-    options(queue, { lingerMs: 1000, lingerPollMs: 100, now: clock.now, sleep }),
+    options(queue, { lingerMs: 1000, lingerPollMs: 100, clock: { ...clock, sleep } }),
   );
   await paused;
 
   queue.add("ok", { n: 1 });
-  assert.equal(running.join(), true);
+  assert.equal(running.join(["default"]), true);
   const summary = await running.done;
 
   assert.equal(summary.completed, 1);
   assert.equal(summary.stoppedBy, "empty");
 });
 
-Deno.test("a drain that is busy, or past half its budget, takes no wake-ups", async () => {
+Deno.test("a drain takes wake-ups, busy or lingering, until it stops claiming", async () => {
   const queue = new MemoryQueue();
   const clock = new FakeClock();
   queue.add("ok", { n: 1 });
   const joins: boolean[] = [];
   const started: { drain?: Drain } = {};
-  const tryJoin = () => {
-    joins.push(started.drain?.join() ?? false);
+  const tryJoin = (queues = ["default"]) => {
+    joins.push(started.drain?.join(queues) ?? false);
   };
-  const joiningHandlers: HandlerMap = { ok: defineHandler(z.object({}), tryJoin) };
+  const joiningHandlers: HandlerMap = { ok: defineHandler(z.object({}), () => tryJoin()) };
   const running = started.drain = startDrain(
     ["default"],
     options(queue, {
@@ -464,18 +486,20 @@ Deno.test("a drain that is busy, or past half its budget, takes no wake-ups", as
       timeBudgetMs: 10_000,
       lingerMs: 8000,
       lingerPollMs: 1000,
-      now: clock.now,
-      sleep: clock.sleep,
+      clock,
     }),
   );
-  clock.at(4000, tryJoin);
-  clock.at(6000, tryJoin);
+  // At 6 s, a wake-up for another queue too: the drain adds it.
+  clock.at(6000, () => tryJoin(["default", "emails"]));
 
   const summary = await running.done;
+  tryJoin();
 
-  // While its job ran: no. Lingering at 4 s: yes. At 6 s, past half of the 10 s budget: no.
-  assert.deepEqual(joins, [false, true, false]);
-  assert.equal(summary.wakeUps, 2);
+  // While its job ran: yes. Lingering at 6 s: yes. Once it stopped: no.
+  assert.deepEqual(joins, [true, true, false]);
+  assert.equal(summary.wakeUps, 3);
+  assert.deepEqual(running.queues, ["default", "emails"]);
+  assert.deepEqual(queue.checkins.map(({ queue }) => queue), ["default", "emails"]);
   assert.equal(summary.stoppedBy, "time budget");
 });
 
@@ -537,14 +561,12 @@ Deno.test("what a handler returns is its job's result, sent with the next claim"
 Deno.test("results ride along with the completions sent on their own at the end", async () => {
   const queue = new MemoryQueue();
   for (let n = 1; n <= 4; n++) queue.add("echo", { result: { n } });
-  let clock = 0;
-  queue.beforeCall = () => {
-    clock += 30;
-  };
+  const clock = new FakeClock();
+  queue.beforeCall = () => clock.advance(30);
 
   await drain(
     ["default"],
-    options(queue, { handlers: returning, batchSize: 2, timeBudgetMs: 70, now: () => clock }),
+    options(queue, { handlers: returning, batchSize: 2, timeBudgetMs: 70, clock }),
   );
 
   assert.deepEqual(queue.calls.at(-1)?.maxJobs, 0);
@@ -691,4 +713,138 @@ Deno.test("a handler reports progress with its attempt's lock token", async () =
 
   assert.deepEqual(seen, ["tenant-7", true, { done: 1, of: 2 }, false, { done: 1, of: 2 }]);
   assert.equal(job.status, "running", "left to its new owner");
+});
+
+// -- the isolate's limits -------------------------------------------------------------------
+
+/** Lets the drain's pending promises run (no time passes on the test's clock). */
+async function settle(): Promise<void> {
+  for (let turn = 0; turn < 20; turn++) await new Promise((resolve) => setTimeout(resolve, 0));
+}
+
+/** `done`, or a failure naming `what` if it has not settled once the event loop is idle. */
+async function settledOrFail<T>(done: Promise<T>, what: string): Promise<T> {
+  let settledValue: { value: T } | undefined;
+  done.then((value) => settledValue = { value });
+  await settle();
+  if (settledValue === undefined) throw new assert.AssertionError({ message: what });
+  return settledValue.value;
+}
+
+Deno.test("a late wake-up in an old isolate stops at the isolate's deadline, releasing its job", async () => {
+  const queue = new MemoryQueue();
+  const slow = queue.add("slow");
+  const clock = new FakeClock();
+  // The isolate started at 0 and has served wake-ups for 100 s of its 150 s; this one's
+  // budget (100 s) would outlast it.
+  clock.time = 100_000;
+  const running = startDrain(
+    ["default"],
+    options(queue, {
+      clock,
+      isolateStartedAt: 0,
+      wallClockLimitMs: 150_000,
+      timeBudgetMs: 100_000,
+    }),
+  );
+  await settle();
+  assert.equal(slow.status, "running");
+
+  // 150 s less the margin (a tenth) kept to report what is in hand.
+  clock.advance(34_999);
+  await settle();
+  assert.equal(slow.status, "running");
+  clock.advance(1);
+  const summary = await settledOrFail(running.done, "the drain outlived the isolate's deadline");
+
+  assert.equal(summary.stoppedBy, "wall-clock limit");
+  assert.equal(slow.status, "queued", "the job is released, not failed");
+  assert.equal(slow.attempts, 0, "no attempt spent");
+  assert.equal(slow.lastError, null);
+  assert.equal(summary.released, 1);
+  assert.equal(summary.retried, 0);
+});
+
+Deno.test("a job cut off by the time budget is released, its attempt not counted", async () => {
+  const queue = new MemoryQueue();
+  const slow = queue.add("slow");
+  queue.add("ok", { n: 1 });
+  const clock = new FakeClock();
+  const running = startDrain(["default"], options(queue, { clock, timeBudgetMs: 5_000 }));
+  await settle();
+
+  clock.advance(5_000);
+  const summary = await settledOrFail(running.done, "the drain outlived its budget");
+
+  assert.equal(summary.stoppedBy, "time budget");
+  assert.deepEqual([slow.status, slow.attempts, slow.lastError], ["queued", 0, null]);
+  assert.deepEqual(queue.byStatus("done"), [2], "what ran to the end is still completed");
+  assert.deepEqual(queue.calls.at(-1)?.done, [2]);
+  assert.deepEqual([summary.released, summary.completed], [1, 1]);
+});
+
+Deno.test("a Data API call that hangs times out, before the time left runs out", async () => {
+  for (const [startAt, cutAfter] of [[0, 10_000], [130_000, 5_000]]) {
+    const queue = new MemoryQueue();
+    queue.add("ok", { n: 1 });
+    const clock = new FakeClock();
+    clock.time = startAt;
+    const signals: (AbortSignal | undefined)[] = [];
+    // The Data API never answers, until the call's signal gives up on it.
+    queue.completeAndClaim = ({ signal }) => {
+      signals.push(signal);
+      return new Promise((_resolve, reject) => {
+        signal?.addEventListener("abort", () => reject(signal.reason));
+      });
+    };
+    const running = startDrain(
+      ["default"],
+      options(queue, {
+        clock,
+        isolateStartedAt: 0,
+        wallClockLimitMs: 150_000,
+        timeBudgetMs: 100_000,
+        callTimeoutMs: 10_000,
+      }),
+    );
+    await settle();
+    assert.equal(signals.length, 1);
+    assert.ok(signals[0] instanceof AbortSignal, "the call was given a signal");
+
+    // 10 s for a call, or less when the drain has less left (135 s into the isolate).
+    clock.advance(cutAfter - 1);
+    assert.equal(signals[0].aborted, false);
+    clock.advance(1);
+    assert.equal(signals[0].aborted, true, `a call at ${startAt} ms is cut after ${cutAfter}`);
+    const summary = await settledOrFail(running.done, "the drain waited on a hung call");
+    assert.equal(summary.stoppedBy, "error");
+    assert.match(summary.error ?? "", /timed out/);
+  }
+});
+
+Deno.test("a claim's lease never outlasts the isolate", async () => {
+  const queue = new MemoryQueue();
+  for (let n = 1; n <= 6; n++) queue.add("ok", { n });
+  queue.leaseSeconds = 300; // the database's
+  const clock = new FakeClock();
+  clock.time = 100_000; // 50 s left of a 150 s isolate
+  queue.beforeCall = () => clock.advance(1000);
+
+  await drain(
+    ["default"],
+    options(queue, { clock, isolateStartedAt: 0, wallClockLimitMs: 150_000 }),
+  );
+  const asked = queue.claims.map((claim) => claim.leaseSeconds);
+
+  // The first claim learns the database's lease; the next ones ask for what is left.
+  assert.deepEqual(asked, [undefined, 49, 48]);
+
+  const own = new MemoryQueue();
+  own.add("ok", { n: 1 });
+  clock.time = 100_000;
+  await drain(
+    ["default"],
+    options(own, { clock, isolateStartedAt: 0, wallClockLimitMs: 150_000, leaseSeconds: 600 }),
+  );
+  assert.deepEqual(own.claims.map((claim) => claim.leaseSeconds), [50, 50]);
 });

@@ -1,0 +1,80 @@
+"""End to end, the Edge Function within its isolate's limits (scaled down): an isolate lives a
+fixed wall-clock time from its start however many wake-ups it serves, so a wake-up late in its
+life stops claiming at the isolate's deadline, not at its own budget, and hands back the jobs
+still running (release(): no attempt spent) before the isolate ends; and when the runtime
+unloads the function early (`beforeunload`, as on a CPU or memory limit), the same happens at
+once. The function runs under real Deno with the Edge runtime's stand-in (edge_runtime.ts),
+which unloads it and ends the process as the platform would."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from testkit.postgrest import PostgRESTStandIn
+from testkit.stack import point_wake_ups
+
+from .deno_worker import Deno, start_edge_worker, stop_edge_worker
+from .test_edge_flow_control import enqueue_probes
+from .test_edge_linger import summaries, wake
+
+
+def jobs(db: psycopg.Connection) -> list[tuple]:
+    return db.execute(
+        "select status, attempts, last_error from pgqueue.all_jobs order by id"
+    ).fetchall()
+
+
+@pytest.mark.parametrize(
+    ("settings", "stopped_by"),
+    [
+        # A 10 s isolate (the free plan's 150 s, scaled down), woken 5 s into its life with a
+        # 10 s budget: the deadline is 9 s into the isolate (10 s less a tenth), and the
+        # platform would end it at 10 s.
+        (
+            {
+                "PGQUEUE_WALL_CLOCK_LIMIT_SECONDS": "10",
+                "PGQUEUE_TIME_BUDGET_SECONDS": "10",
+                "EDGE_RUNTIME_UNLOAD_AFTER_MS": "10000",
+            },
+            "wall-clock limit",
+        ),
+        # Unloaded 7 s into its life, long before any deadline (a CPU or memory limit).
+        ({"EDGE_RUNTIME_UNLOAD_AFTER_MS": "7000"}, "unload"),
+    ],
+    ids=["late-wake-up-in-an-old-isolate", "beforeunload"],
+)
+def test_jobs_running_when_the_isolate_ends_go_back_to_the_queue_unspent(
+    db: psycopg.Connection,
+    deno: Deno,
+    probe_function_dir: Path,
+    postgrest: PostgRESTStandIn,
+    settings: dict[str, str],
+    stopped_by: str,
+) -> None:
+    point_wake_ups(db, None, None)  # the test's POST is the only wake-up
+    worker = start_edge_worker(
+        deno, probe_function_dir, postgrest, edge_runtime=True, PGQUEUE_LINGER_MS="0", **settings
+    )
+    try:
+        time.sleep(5)
+        done_first, *held = enqueue_probes(db, {}, *[{"holdMs": 60_000}] * 5)
+        wake(worker)
+
+        assert worker.wait_for_exit(timeout=15) == 0
+        assert jobs(db) == [("done", 1, None)] + [("queued", 0, None)] * 5, worker.output()
+        [summary] = summaries(worker)
+        assert summary["stoppedBy"] == stopped_by
+        assert (summary["completed"], summary["released"]) == (1, 5)
+        assert (
+            db.execute("select count(*) from pgqueue.all_jobs where run_after <= now()").fetchone()[
+                0
+            ]
+            == 5
+        ), "released jobs are due at once"
+        assert done_first < held[0]
+    finally:
+        stop_edge_worker(worker)
