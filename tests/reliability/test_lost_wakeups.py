@@ -59,7 +59,9 @@ def test_lost_wakeups_are_made_up_by_the_sweeper(
         ids = enqueue_plan(db, up_front, chunk=100)  # 10 statements, 10 wake-ups
         wait_drained(stack.dsn(), timeout=30)
         door.shut()
-        ids += enqueue_plan(db, during_outage, chunk=100)  # 20 wake-ups into a closed port
+        # 20 statements into a closed port: wake() queues no second wake-up while one for the
+        # same queues waits unsent in pg_net's queue, so they send one or a few, each refused
+        ids += enqueue_plan(db, during_outage, chunk=100)
         wait_for_pg_net(db)
         time.sleep(1.5)  # and a few sweeps, whose re-wakes are lost too
         wait_for_pg_net(db)
@@ -84,7 +86,7 @@ def test_lost_wakeups_are_made_up_by_the_sweeper(
         lost=result.lost,
     )
     result.check()
-    assert failed >= 20
+    assert failed >= 1, "the wake-ups during the outage were sent, and refused"
     assert worker.proc.poll() is None
 
 
@@ -111,7 +113,7 @@ def test_with_every_wake_up_lost_the_idle_poll_drains_the_queue(
     plan = Plan.soak(2_000, max_attempts=3, seed=29)
 
     started = time.monotonic()
-    ids = enqueue_plan(db, plan, chunk=100)  # 20 wake-ups, every one refused
+    ids = enqueue_plan(db, plan, chunk=100)  # 20 statements: one or a few wake-ups, all refused
     wait_drained(stack.dsn(), timeout=60)
     drained_s = time.monotonic() - started
     wait_for_pg_net(db)
@@ -130,5 +132,5 @@ def test_with_every_wake_up_lost_the_idle_poll_drains_the_queue(
         lost=result.lost,
     )
     result.check()
-    assert delivered == 0 and failed >= 20
+    assert delivered == 0 and failed >= 1
     assert worker.proc.poll() is None

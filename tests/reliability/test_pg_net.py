@@ -62,11 +62,13 @@ def test_an_endpoint_slower_than_the_request_timeout(
         wait_drained(stack.dsn(), timeout=30)
         door.slow(hold=5)
         slow_since = time.monotonic()
-        ids += enqueue_plan(db, while_slow, chunk=100)  # 15 wake-ups, none answered
+        # 15 statements: wake() queues no second wake-up while one for the same queues waits
+        # unsent in pg_net's queue, so they send one or a few, none answered
+        ids += enqueue_plan(db, while_slow, chunk=100)
         wait_until(
-            lambda: wake_up_outcomes(db)["timed_out"] >= 15,
+            lambda: wake_up_outcomes(db)["timed_out"] >= 1,
             timeout=30,
-            what="the 15 wake-ups to time out",
+            what="the wake-ups sent while the URL is slow to time out",
         )
         timed_out_after = time.monotonic() - slow_since
         stranded = unfinished(db)
@@ -83,7 +85,7 @@ def test_an_endpoint_slower_than_the_request_timeout(
         stranded=stranded,
         timed_out=outcomes["timed_out"],
         accepted=outcomes["accepted"],
-        first_15_timed_out_in_s=timed_out_after,
+        first_timed_out_in_s=timed_out_after,
         sweeps=sweeper.sweeps,
         drain_after_back_s=drained,
         done=result.done,
@@ -91,8 +93,8 @@ def test_an_endpoint_slower_than_the_request_timeout(
         lost=result.lost,
     )
     result.check()
-    assert outcomes["timed_out"] >= 15
-    # every timeout was waited out: 15 of them took pg_net at least one full timeout
+    assert outcomes["timed_out"] >= 1
+    # the timeout was waited out: pg_net took at least one full timeout before giving up
     assert timed_out_after >= WAKE_TIMEOUT_S
     assert worker.proc.poll() is None
 
