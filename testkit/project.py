@@ -203,6 +203,17 @@ def render(template: Path, dest: Path, *, vcs_ref: str = "HEAD", **answers) -> P
     return dest
 
 
+def render_repo(
+    template: Path, dest: Path, message: str, *, vcs_ref: str = "HEAD", **answers
+) -> Path:
+    """render(), then the project as a git work tree with everything committed: what
+    `copier update` needs to start from."""
+    render(template, dest, vcs_ref=vcs_ref, **answers)
+    run(["git", "init", "-q", "-b", "main"], cwd=dest)
+    commit_everything(dest, message)
+    return dest
+
+
 def update(project: Path, vcs_ref: str, **answers) -> Path:
     """`copier update` a rendered project (a clean git work tree) to vcs_ref, replaying its
     answers, with answers overridden; conflicts become *.rej files the tests look for."""

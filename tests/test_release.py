@@ -14,11 +14,10 @@ from testkit.hosted import start_hosted_cluster
 from testkit.project import (
     VARIANTS,
     Variant,
-    commit_everything,
     push_migrations,
     release_refs,
     render,
-    run,
+    render_repo,
     supabase,
     update,
 )
@@ -77,9 +76,9 @@ def pushed_schema(project: Path, answers: dict) -> dict[str, str]:
 def upgraded_schema(history: Path, tmp_path: Path, answers: dict) -> dict[str, str]:
     """A project created at 0.1.0, its queue holding jobs in every state, updated to HEAD."""
     schema = answers.get("queue_schema", "pgqueue")
-    project = render(history, tmp_path / "upgraded", vcs_ref=OLDEST, **answers)
-    run(["git", "init", "-q", "-b", "main"], cwd=project)
-    commit_everything(project, "generated at 0.1.0")
+    project = render_repo(
+        history, tmp_path / "upgraded", "generated at 0.1.0", vcs_ref=OLDEST, **answers
+    )
     cluster = start_hosted_cluster()
     try:
         push_migrations(project, cluster.url())

@@ -27,6 +27,7 @@ from testkit.project import (
     release_refs,
     release_version,
     render,
+    render_repo,
     rendered_files,
     run,
     snapshot_template,
@@ -128,10 +129,13 @@ def releases(tmp_path: Path) -> Path:
 def test_update_keeps_user_edits_and_jobs_and_applies_the_new_migration(
     releases: Path, tmp_path: Path
 ) -> None:
-    project = tmp_path / "app"
-    render(releases, project, vcs_ref="v1.0.0", claim_transport="postgres")
-    run(["git", "init", "-q", "-b", "main"], cwd=project)
-    commit_all(project, "generated at 1.0.0")
+    project = render_repo(
+        releases,
+        tmp_path / "app",
+        "generated at 1.0.0",
+        vcs_ref="v1.0.0",
+        claim_transport="postgres",
+    )
 
     # The user's own work: a handler change, notes in the README, a migration of their own.
     handler = project / "src/my_app/handlers/send_email.py"
@@ -204,10 +208,8 @@ def test_update_keeps_user_edits_and_jobs_and_applies_the_new_migration(
 def test_update_to_another_transport_renders_the_new_variant(
     template: Path, tmp_path: Path
 ) -> None:
-    project = render(template, tmp_path / "app")
+    project = render_repo(template, tmp_path / "app", "generated with the supabase transport")
     assert (project / "src/my_app/supabase_transport.py").exists()
-    run(["git", "init", "-q", "-b", "main"], cwd=project)
-    commit_all(project, "generated with the supabase transport")
     update(project, "HEAD", claim_transport="postgres")
     assert not (project / "src/my_app/supabase_transport.py").exists()
     assert (project / "src/my_app/postgres_transport.py").exists()
@@ -353,9 +355,9 @@ UPGRADES = {
 def test_a_project_from_the_release_updates_to_head_with_its_live_jobs(
     history: Path, tmp_path: Path, at_release: dict, changes: dict, capfd: pytest.CaptureFixture
 ) -> None:
-    project = render_at(history, RELEASES[-1], tmp_path / "app", at_release)
-    run(["git", "init", "-q", "-b", "main"], cwd=project)
-    commit_all(project, "generated at the release")
+    project = render_repo(
+        history, tmp_path / "app", "generated at the release", vcs_ref=RELEASES[-1], **at_release
+    )
     released = {p.name: p.read_bytes() for p in (project / MIGRATIONS_DIR).glob("*.sql")}
     schema = at_release.get("queue_schema", "pgqueue")
 
@@ -429,9 +431,7 @@ def test_a_project_from_the_release_updates_to_head_with_its_live_jobs(
 def test_each_answer_change_adds_one_migration_that_changes_only_that_answer(
     template: Path, tmp_path: Path
 ) -> None:
-    project = render(template, tmp_path / "app")
-    run(["git", "init", "-q", "-b", "main"], cwd=project)
-    commit_all(project, "generated")
+    project = render_repo(template, tmp_path / "app", "generated")
     cluster = start_hosted_cluster()
     try:
         push_migrations(project, cluster.url())
@@ -486,9 +486,7 @@ def test_each_answer_change_adds_one_migration_that_changes_only_that_answer(
 def test_answers_that_cannot_change_on_update_are_refused(
     template: Path, tmp_path: Path, answer: str, value: str, message: str
 ) -> None:
-    project = render(template, tmp_path / "app")
-    run(["git", "init", "-q", "-b", "main"], cwd=project)
-    commit_all(project, "generated")
+    project = render_repo(template, tmp_path / "app", "generated")
     with pytest.raises(ValueError, match=message):
         update(project, "HEAD", **{answer: value})
     assert run(["git", "status", "--porcelain"], cwd=project) == "", "nothing was written"

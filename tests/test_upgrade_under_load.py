@@ -49,11 +49,9 @@ from psycopg.types.json import Jsonb
 from testkit.cluster import Cluster
 from testkit.project import (
     SUPABASE_CLI,
-    commit_everything,
     push_migrations,
     release_refs,
-    render,
-    run,
+    render_repo,
     update,
     variant,
 )
@@ -212,11 +210,13 @@ def percentile(values: list[float], p: float) -> float:
 def test_a_0_1_0_project_takes_the_1_0_0_upgrade_under_load(
     history: Path, interpreter: Path, tmp_path: Path
 ) -> None:
-    project = render(
-        history, tmp_path / "app", vcs_ref=release_refs()[0], **PYTHON_POSTGRES.answers
+    project = render_repo(
+        history,
+        tmp_path / "app",
+        "generated at 0.1.0",
+        vcs_ref=release_refs()[0],
+        **PYTHON_POSTGRES.answers,
     )
-    run(["git", "init", "-q", "-b", "main"], cwd=project)
-    commit_everything(project, "generated at 0.1.0")
     # The 0.1.0 workers run from a copy of src/ made now: the update rewrites the project's.
     src = with_handlers(project / "src", tmp_path / "workers-0.1.0" / "src", PROBE)
     probe_dir = tmp_path / "runs"
@@ -353,11 +353,13 @@ def test_the_upgrade_gives_up_on_a_held_table_changes_nothing_and_lets_enqueues_
     keeps the 1.0.0 step from its lock: the push stops with a message that says what to do,
     and changes nothing. Meanwhile enqueues get through between its tries (each waits at most
     one try of 200 ms); once the holder is gone, the same push completes."""
-    project = render(
-        history, tmp_path / "app", vcs_ref=release_refs()[0], **PYTHON_POSTGRES.answers
+    project = render_repo(
+        history,
+        tmp_path / "app",
+        "generated at 0.1.0",
+        vcs_ref=release_refs()[0],
+        **PYTHON_POSTGRES.answers,
     )
-    run(["git", "init", "-q", "-b", "main"], cwd=project)
-    commit_everything(project, "generated at 0.1.0")
     cluster = start_supabase_like_cluster()
     producer = Producer(cluster.dsn())
     try:

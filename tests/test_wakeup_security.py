@@ -17,7 +17,11 @@ from psycopg.types.json import Jsonb
 from testkit.cluster import Cluster
 from testkit.hosted import start_hosted_cluster
 from testkit.postgrest import make_jwt
-from testkit.project import commit_everything, push_migrations, release_refs, render, run
+from testkit.project import (
+    push_migrations,
+    release_refs,
+    render_repo,
+)
 from testkit.project import update as copier_update
 from testkit.stack import point_wake_ups, start_supabase_like_cluster, wait_for_pg_net
 from tests.support.http_sink import HttpSink
@@ -314,15 +318,14 @@ def test_a_project_from_0_1_0_wakes_its_worker_again_after_the_documented_steps(
     Vault secret <schema>_wake_secret, the old one deleted), wake-ups arrive again at the same
     URL, carrying the new secret."""
     service_key = make_jwt("service_role")
-    project = render(
+    project = render_repo(
         history,
         tmp_path / "app",
+        "generated at 0.1.0",
         vcs_ref=release_refs()[0],
         worker_style="python-http",
         claim_transport="postgres",
     )
-    run(["git", "init", "-q", "-b", "main"], cwd=project)
-    commit_everything(project, "generated at 0.1.0")
     cluster = start_hosted_cluster()
     try:
         with HttpSink() as sink:
