@@ -40,7 +40,6 @@ from tests.support.releases import EMAIL, RELEASE_ANSWERS, fill_queue
 BASELINE = "20261206000000_pgqueue_1_0_0.sql"
 # What a project created at 0.1.0 gets instead: the step from 0.1.0's queue to 1.0.0's.
 UPGRADE = "20261206000000_pgqueue_1_0_0_from_0_1_0.sql"
-GIT = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com"]
 MIGRATIONS = "template/supabase/migrations"
 
 RELEASE_B_MIGRATION = """\
@@ -90,13 +89,6 @@ def wait_for_status(
     raise AssertionError(f"jobs {ids} did not reach {status}: {statuses}")
 
 
-def commit_all(repo: Path, message: str, tag: str | None = None) -> None:
-    run([*GIT, "add", "-A"], cwd=repo)
-    run([*GIT, "commit", "-q", "-m", message], cwd=repo)
-    if tag:
-        run([*GIT, "tag", tag], cwd=repo)
-
-
 def test_copy_is_refused_without_trust_and_works_without_tasks(
     template: Path, tmp_path: Path
 ) -> None:
@@ -122,7 +114,8 @@ def releases(tmp_path: Path) -> Path:
     )
     config = repo / "template/supabase/config.toml.jinja"
     config.write_text(config.read_text() + "\n# release 1.1.0 was here\n")
-    commit_all(repo, "release 1.1.0", tag="v1.1.0")
+    commit_everything(repo, "release 1.1.0")
+    run(["git", "tag", "v1.1.0"], cwd=repo)
     return repo
 
 
@@ -144,7 +137,7 @@ def test_update_keeps_user_edits_and_jobs_and_applies_the_new_migration(
     readme.write_text(readme.read_text() + "\n## Team notes\n\nPager: #jobs-oncall\n")
     user_migration = project / "supabase/migrations/20261215000000_orders.sql"
     user_migration.write_text(USER_MIGRATION)
-    commit_all(project, "our changes")
+    commit_everything(project, "our changes")
 
     cluster = start_hosted_cluster()
     try:
@@ -445,14 +438,14 @@ def test_each_answer_change_adds_one_migration_that_changes_only_that_answer(
         assert added.name.endswith("_pgqueue_config.sql")
         assert '"lease_seconds": 600' in added.read_text()
         assert "retention_days" not in added.read_text()
-        commit_all(project, "lease 600")
+        commit_everything(project, "lease 600")
         update(project, "HEAD", lease_seconds=600)
         assert run(["git", "status", "--porcelain"], cwd=project) == "", "nothing changed"
 
         # a migration of the user's dated later than now: the next one comes after it
         user = project / MIGRATIONS_DIR / "20991231000000_orders.sql"
         user.write_text(USER_MIGRATION)
-        commit_all(project, "our migration")
+        commit_everything(project, "our migration")
         update(
             project,
             "HEAD",
