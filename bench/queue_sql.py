@@ -310,6 +310,48 @@ def hot_loop(stack: Stack, jobs: int, processes: int, as_rows: bool = False) -> 
     return {"jobs_per_s": rate}
 
 
+# gauges(): calls of each read timed, the median reported
+GAUGE_CALLS = 5
+
+
+def gauges(stack: Stack, jobs: int) -> dict[str, float]:
+    """What the gauges cost with a backlog: `jobs` queued jobs stored as batches (enqueue_many()
+    calls of ENQUEUE_BATCH) and as many again a row each, those due at times spread over the
+    last day (a backlog that built up, one in a hundred a retry) with a few claimed; then
+    `metrics()` and `select * from stats` timed, the median of GAUGE_CALLS calls each (issue
+    38: at most 100 ms with a million queued jobs)."""
+    reset(stack, queued=jobs)
+    with stack.cluster.connect(autocommit=True) as conn:
+        conn.execute(
+            f"insert into {S}.jobs (kind, payload, run_after, attempts) "
+            f"select 'noop', jsonb_build_object('n', n), now() - (n %% 86400) * interval '1 s',"
+            f" (n %% 100 = 0)::int from generate_series(1, %s) as n",
+            (jobs,),
+        )
+        conn.execute(f"select count(*) from {S}.claim('bench', 200)")
+        conn.execute(f"vacuum analyze {', '.join(state_tables(conn))}")
+    wait_idle_autovacuum(stack)
+    figures: dict[str, float] = {}
+    with stack.cluster.connect(autocommit=True) as conn:
+        for figure, sql in (
+            ("metrics_ms", f"select * from {S}.metrics()"),
+            ("stats_ms", f"select * from {S}.stats"),
+        ):
+            conn.execute(sql)  # planned and cached once
+            times = []
+            for _ in range(GAUGE_CALLS):
+                began = time.perf_counter()
+                conn.execute(sql).fetchall()
+                times.append((time.perf_counter() - began) * 1000)
+            figures[figure] = statistics.median(times)
+        queued = conn.execute(
+            f"select sum(value) from {S}.metrics() where metric = 'pgqueue_jobs_queued'"
+        ).fetchone()[0]
+    if queued != 2 * jobs - 200:
+        raise RuntimeError(f"metrics() counts {queued} queued jobs, not {2 * jobs - 200}")
+    return figures
+
+
 # call_cost's batch sizes, and the most calls it makes at each
 CALL_COST_SIZES = (1, 10, 100, 250)
 CALL_COST_CALLS = 2_000
