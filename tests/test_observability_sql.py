@@ -5,6 +5,7 @@ trace context carried from enqueue to trace_contexts()."""
 from __future__ import annotations
 
 import re
+import threading
 from collections import defaultdict
 from datetime import datetime, timedelta
 from itertools import pairwise
@@ -378,6 +379,215 @@ def test_metrics_and_throughput_read_finished_jobs_only_through_indexes(
     assert "job_history_finished_brin" in nested and "done_batches_finished_brin" in nested
     assert "job_history_kept_idx" in nested, "dead letters are counted through their index"
     assert sum(of(samples, "pgqueue_dead_letters").values()) == 100
+
+
+# -- what the gauges cost, and their counts ----------------------------------------------------
+
+
+def buffers(db: psycopg.Connection, sql: str) -> int:
+    """Shared buffers (hit or read) that `sql` touches, the statements of the functions it calls
+    included; its second run, so that nothing is planned or cached for the first time."""
+    db.execute(sql).fetchall()
+    ((plan,),) = db.execute(f"explain (analyze, buffers, format json) {sql}").fetchall()
+    top = plan[0]["Plan"]
+    return top["Shared Hit Blocks"] + top["Shared Read Blocks"]
+
+
+def enqueue_backlog(db: psycopg.Connection, jobs: int) -> None:
+    """`jobs` queued jobs, half of them in batches (enqueue_many() calls of 1,000) and half a row
+    each, due over the last 10 hours (the rows one per second of 600 minutes, however many),
+    one row in a hundred a retry."""
+    half = jobs // 2
+    db.execute(
+        "select count(*) from generate_series(1, %(n)s, 1000) as f,"
+        " lateral pgqueue.enqueue_many((select jsonb_agg(jsonb_build_object('kind', 'bulk'))"
+        " from generate_series(f, least(f + 999, %(n)s)))) as e",
+        {"n": half},
+    )
+    db.execute(
+        "insert into pgqueue.jobs (queue, kind, run_after, attempts)"
+        " select 'gauged', 'row' || g %% 3, now() - (g %% 600) * interval '1 minute',"
+        " (g %% 100 = 0)::int"
+        " from generate_series(1, %(n)s) as g",
+        {"n": half},
+    )
+
+
+GAUGES = [
+    "select * from pgqueue.metrics()",
+    "select * from pgqueue.stats",
+    "select * from pgqueue.queue_states",
+    "select * from pgqueue.throughput(5)",
+]
+
+
+def test_the_gauges_read_as_much_with_200k_queued_jobs_as_with_1k(
+    obs: psycopg.Connection,
+) -> None:
+    """The probe of issue 38: metrics() took 2 s with 1.3 million queued jobs, growing with the
+    backlog. Now the gauges read the counts, whose rows depend on when jobs are due, not on how
+    many there are: 200 times the jobs (in batches and in rows), at the same due times, cost
+    them next to no more buffers."""
+    db = obs
+    enqueue_n(db, 1, "running", queue="gauged")
+    claim_kind(db, "running", queue="gauged")
+    enqueue_backlog(db, 1_000)
+    db.execute("select pgqueue.sweep()")
+    db.execute("vacuum analyze pgqueue.job_counts")
+    small = {sql: buffers(db, sql) for sql in GAUGES}
+    enqueue_backlog(db, 199_000)
+    db.execute("select pgqueue.sweep()")
+    db.execute("vacuum analyze pgqueue.job_counts")
+    large = {sql: buffers(db, sql) for sql in GAUGES}
+    for sql in GAUGES:
+        assert large[sql] <= small[sql] * 1.5 + 10, (sql, small[sql], large[sql])
+    queued = of(metrics(db), "pgqueue_jobs_queued")
+    assert queued[("bulk", "default")] == 100_000
+    assert sum(queued.values()) == 200_000
+    running = of(metrics(db), "pgqueue_jobs_running")
+    assert {labels: n for labels, n in running.items() if n} == {("running", "gauged"): 1}
+
+
+def direct_and_counted(db: psycopg.Connection) -> tuple[list, list]:
+    """Per queue and kind: queued jobs, runnable ones, retrying ones and the oldest runnable's
+    due time, counted from the jobs themselves (live_jobs) and read from their counts
+    (queued_counts), in one statement (one now()). The counted time is the end of the second
+    the oldest fell due in."""
+    (direct, counted) = db.execute(
+        "select (select coalesce(jsonb_agg(x order by x.queue, x.kind), '[]') from ("
+        "  select queue, kind, count(*) as jobs, count(*) filter (where run_after <= now())"
+        "   as runnable, count(*) filter (where attempts > 0) as retrying,"
+        "   (select case when b <= now() then b else o end from (select o, date_bin('1 second',"
+        "    o - interval '1 microsecond', timestamptz 'epoch') + interval '1 second' as b) as e)"
+        "   as oldest"
+        "  from (select *, min(run_after) filter (where run_after <= now())"
+        "   over (partition by queue, kind) as o from pgqueue.live_jobs where status = 'queued')"
+        "   as j"
+        "  group by queue, kind, o) as x),"
+        " (select coalesce(jsonb_agg(x order by x.queue, x.kind), '[]') from ("
+        "  select queue, kind, sum(jobs) as jobs, coalesce(sum(jobs) filter (where due <= now()),"
+        "   0) as runnable, sum(retrying) as retrying,"
+        "   min(due) filter (where due <= now()) as oldest"
+        "  from pgqueue.queued_counts group by 1, 2) as x)"
+    ).fetchone()
+    return direct, counted
+
+
+def assert_counted_exactly(db: psycopg.Connection, step: str) -> None:
+    direct, counted = direct_and_counted(db)
+    # the oldest: exact to the second while it is within the last 10 minutes
+    assert counted == direct, step
+
+
+def test_the_counts_stay_exact_through_every_way_a_job_moves(obs: psycopg.Connection) -> None:
+    db = obs
+    assert_counted_exactly(db, "empty")
+    enqueue_n(db, 2_500, "b", queue="c")  # three batches
+    enqueue_n(db, 5, "r", queue="c", **AS_ROWS)
+    db.execute("insert into pgqueue.jobs (queue, kind) values ('c', 'plain'), ('c', 'plain')")
+    db.execute(
+        "select pgqueue.enqueue('later', queue => 'c', run_after => now() + interval '1 hour'),"
+        " pgqueue.enqueue('keyed', queue => 'c', idempotency_key => 'k')"
+    )
+    assert_counted_exactly(db, "enqueued")
+    db.execute(
+        "select pgqueue.enqueue('keyed', queue => 'c', idempotency_key => 'k',"
+        " on_conflict => 'replace', run_after => now() + interval '5 minutes')"
+    )
+    assert_counted_exactly(db, "replaced: due later")
+    db.execute(
+        "select pgqueue.enqueue('keyed', queue => 'c', idempotency_key => 'k',"
+        " on_conflict => 'debounce', run_after => now() + interval '10 minutes')"
+    )
+    assert_counted_exactly(db, "debounced")
+    claimed = complete_and_claim(db, max_jobs=1_100, queue="c")
+    assert_counted_exactly(db, "claimed from batches and rows")
+    claimed += complete_and_claim(db, max_jobs=7, queue="c", kinds=["r", "plain"])
+    assert_counted_exactly(db, "claimed rows")
+    rows = [j for j in claimed if j["kind"] in ("r", "plain")]
+    db.execute(
+        "select pgqueue.fail(%s, %s, 'boom', retry_in => '0'), pgqueue.fail(%s, %s, 'boom')",
+        (rows[0]["id"], rows[0]["lock_token"], rows[1]["id"], rows[1]["lock_token"]),
+    )
+    db.execute("select pgqueue.release(%s, %s)", (rows[2]["id"], rows[2]["lock_token"]))
+    assert_counted_exactly(db, "failed, retried; released")
+    complete_and_claim(db, claimed[:500], max_jobs=0)
+    assert_counted_exactly(db, "completed")
+    (dead,) = enqueue_n(db, 1, "dead", queue="c", max_attempts=1)
+    (doomed,) = complete_and_claim(db, max_jobs=1, queue="c", kinds=["dead"])
+    db.execute("select pgqueue.fail(%s, %s, 'fatal')", (dead, doomed["lock_token"]))
+    db.execute("select pgqueue.retry(%s)", (dead,))
+    assert_counted_exactly(db, "dead letter retried")
+    (front, middle) = db.execute(
+        "select first_id + taken, first_id + taken + 10 from pgqueue.job_batches"
+        " where queue = 'c' order by first_id limit 1"
+    ).fetchone()
+    (row_job,) = db.execute(
+        "select id from pgqueue.jobs where queue = 'c' and kind = 'plain' limit 1"
+    ).fetchone() or (None,)
+    for job_id in (front, middle, row_job, claimed[600]["id"]):
+        if job_id is not None:
+            db.execute("select pgqueue.cancel(%s)", (job_id,))
+            assert_counted_exactly(db, f"cancelled {job_id}")
+    lost = complete_and_claim(db, max_jobs=50, queue="c")
+    for job in lost:
+        expire_lease(db, job["id"])
+    db.execute("select pgqueue.sweep()")
+    assert_counted_exactly(db, "rescued by the sweeper, and folded")
+    assert of(metrics(db), "pgqueue_jobs_retrying")[("b", "c")] == 50
+    db.execute("truncate pgqueue.job_batches")
+    assert_counted_exactly(db, "batches truncated")
+
+
+def test_concurrent_claimers_enqueuers_and_sweeps_keep_the_counts_exact(
+    obs: psycopg.Connection, stack
+) -> None:
+    """Four connections enqueue (batches and rows), claim, complete and fail at once while a
+    fifth folds the counts; the counts end equal to the jobs, and at nothing once drained."""
+    db = obs
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            with stack.connect(autocommit=True) as conn:
+                for _ in range(15):
+                    enqueue_n(conn, 40, "b", queue="conc")
+                    enqueue_n(conn, 10, "r", queue="conc", **AS_ROWS)
+                    jobs = complete_and_claim(conn, max_jobs=35, queue="conc")
+                    for job in jobs[:3]:
+                        conn.execute(
+                            "select pgqueue.fail(%s, %s, 'boom', retry_in => '0')",
+                            (job["id"], job["lock_token"]),
+                        )
+                    complete_and_claim(conn, jobs[3:], max_jobs=0)
+        except BaseException as exc:
+            errors.append(exc)
+
+    def fold() -> None:
+        try:
+            with stack.connect(autocommit=True) as conn:
+                while any(t.is_alive() for t in workers):
+                    conn.execute("select pgqueue.fold_job_counts()")
+        except BaseException as exc:
+            errors.append(exc)
+
+    workers = [threading.Thread(target=work) for _ in range(4)]
+    for t in workers:
+        t.start()
+    folder = threading.Thread(target=fold)
+    folder.start()
+    for t in [*workers, folder]:
+        t.join()
+    assert not errors, errors
+    assert_counted_exactly(db, "after the concurrent run")
+    direct, _ = direct_and_counted(db)
+    assert direct and direct[0]["jobs"] > 0
+    jobs = complete_and_claim(db, max_jobs=1_000, queue="conc")
+    while jobs:
+        jobs = complete_and_claim(db, jobs, max_jobs=1_000, queue="conc")
+    db.execute("select pgqueue.sweep()")
+    assert_counted_exactly(db, "drained")
+    assert db.execute("select count(*) from pgqueue.job_counts").fetchone() == (0,)
 
 
 # -- trace context --------------------------------------------------------------------------
