@@ -314,12 +314,14 @@ def hot_loop(stack: Stack, jobs: int, processes: int, as_rows: bool = False) -> 
 GAUGE_CALLS = 5
 
 
-def gauges(stack: Stack, jobs: int) -> dict[str, float]:
+def gauges(stack: Stack, jobs: int, unfolded: int) -> dict[str, float]:
     """What the gauges cost with a backlog: `jobs` queued jobs stored as batches (enqueue_many()
     calls of ENQUEUE_BATCH) and as many again a row each, those due at times spread over the
     last day (a backlog that built up, one in a hundred a retry) with a few claimed; then
     `metrics()` and `select * from stats` timed, the median of GAUGE_CALLS calls each (issue
-    38: at most 100 ms with a million queued jobs)."""
+    38: at most 100 ms with a million queued jobs). Then the same after `unfolded` single
+    enqueue() calls that no sweep has folded yet (each adds a row to job_counts): what a scrape
+    costs just before the next sweep, after a busy minute."""
     reset(stack, queued=jobs)
     with stack.cluster.connect(autocommit=True) as conn:
         conn.execute(
@@ -331,6 +333,25 @@ def gauges(stack: Stack, jobs: int) -> dict[str, float]:
         conn.execute(f"select count(*) from {S}.claim('bench', 200)")
         conn.execute(f"vacuum analyze {', '.join(state_tables(conn))}")
     wait_idle_autovacuum(stack)
+    figures = time_gauges(stack, "")
+    with stack.cluster.connect(autocommit=True) as conn:
+        conn.execute(
+            f"select {S}.enqueue('noop', jsonb_build_object('n', n))"
+            f" from generate_series(1, %s) as n",
+            (unfolded,),
+        )
+        conn.execute(f"analyze {S}.job_counts")
+        queued = conn.execute(
+            f"select sum(value) from {S}.metrics() where metric = 'pgqueue_jobs_queued'"
+        ).fetchone()[0]
+    expected = 2 * jobs - 200 + unfolded
+    if queued != expected:
+        raise RuntimeError(f"metrics() counts {queued} queued jobs, not {expected}")
+    return figures | time_gauges(stack, "_unfolded")
+
+
+def time_gauges(stack: Stack, suffix: str) -> dict[str, float]:
+    """metrics() and `select * from stats`, each the median of GAUGE_CALLS calls, in ms."""
     figures: dict[str, float] = {}
     with stack.cluster.connect(autocommit=True) as conn:
         for figure, sql in (
@@ -343,12 +364,7 @@ def gauges(stack: Stack, jobs: int) -> dict[str, float]:
                 began = time.perf_counter()
                 conn.execute(sql).fetchall()
                 times.append((time.perf_counter() - began) * 1000)
-            figures[figure] = statistics.median(times)
-        queued = conn.execute(
-            f"select sum(value) from {S}.metrics() where metric = 'pgqueue_jobs_queued'"
-        ).fetchone()[0]
-    if queued != 2 * jobs - 200:
-        raise RuntimeError(f"metrics() counts {queued} queued jobs, not {2 * jobs - 200}")
+            figures[figure.replace("_ms", suffix + "_ms")] = statistics.median(times)
     return figures
 
 

@@ -48,7 +48,7 @@ SCENARIOS = {
     },
     "notify_latency": {"p50_ms", "p95_ms", "p99_ms"},
     # metrics() and stats with jobs queued as batches and as rows (the median of 5 calls)
-    "gauges_1m": {"metrics_ms", "stats_ms"},
+    "gauges_1m": {"metrics_ms", "stats_ms", "metrics_unfolded_ms", "stats_unfolded_ms"},
     "pgqueuer": {"enqueue_jobs_per_s", "drain_jobs_per_s"},
     "procrastinate": {"enqueue_jobs_per_s", "drain_jobs_per_s"},
     # (each pgmq drain fails the run if it leaves a message in the queue, or, for archive,

@@ -51,7 +51,7 @@ def test_a_new_project_defines_each_queue_object_once(
     # what the count reads: every kind of object, the hot path among them
     assert {"table pgqueue.jobs", "function pgqueue.complete_and_claim", "view pgqueue.stats",
             "type pgqueue.claimed_job", "trigger jobs_wake_workers"} <= set(counts)  # fmt: skip
-    assert len([n for n in counts if n.startswith("function ")]) == 55
+    assert len([n for n in counts if n.startswith("function ")]) == 57
 
 
 def test_the_count_finds_an_object_defined_twice() -> None:

@@ -77,6 +77,16 @@ def where_is(db: psycopg.Connection, job_id: int) -> tuple[str, int] | None:
     ).fetchone()
 
 
+def assert_queued_counts_match(db: psycopg.Connection, queued: int) -> None:
+    """The gauges' counts (queued_counts) agree with the jobs: the sweep counted the job it
+    requeued, and the call that took it back from the queue uncounted it."""
+    (direct, counted) = db.execute(
+        "select (select count(*) from pgqueue.live_jobs where status = 'queued'),"
+        " (select coalesce(sum(jobs), 0) from pgqueue.queued_counts)"
+    ).fetchone()
+    assert (direct, counted) == (queued, queued)
+
+
 def test_cancel_that_waited_on_a_sweep_cancels_the_job_the_sweep_requeued(
     stack: Cluster, db: psycopg.Connection
 ) -> None:
@@ -87,6 +97,7 @@ def test_cancel_that_waited_on_a_sweep_cancels_the_job_the_sweep_requeued(
     assert cancelled is True
     assert where_is(db, job_id) == ("cancelled", 1)
     assert db.execute("select count(*) from pgqueue.jobs").fetchone() == (0,)
+    assert_queued_counts_match(db, 0)
 
 
 def test_fail_that_waited_on_a_sweep_records_the_workers_error_and_outcome(
@@ -107,6 +118,7 @@ def test_fail_that_waited_on_a_sweep_records_the_workers_error_and_outcome(
         "select last_error from pgqueue.job_history where id = %s", (job_id,)
     ).fetchone()
     assert error == "invalid payload"
+    assert_queued_counts_match(db, 0)
 
 
 def test_retryable_fail_that_waited_on_a_sweep_keeps_the_job_queued_with_the_workers_error(
@@ -123,6 +135,7 @@ def test_retryable_fail_that_waited_on_a_sweep_keeps_the_job_queued_with_the_wor
     assert where_is(db, job_id) == ("queued", 1)
     (error,) = db.execute("select last_error from pgqueue.jobs where id = %s", (job_id,)).fetchone()
     assert error == "upstream timed out"
+    assert_queued_counts_match(db, 1)
 
 
 def test_release_that_waited_on_a_sweep_hands_the_job_back_uncounted_and_due_now(
@@ -139,6 +152,7 @@ def test_release_that_waited_on_a_sweep_hands_the_job_back_uncounted_and_due_now
         "select run_after <= now() from pgqueue.jobs where id = %s", (job_id,)
     ).fetchone()
     assert due
+    assert_queued_counts_match(db, 1)
 
 
 def test_a_late_call_after_the_job_was_claimed_again_is_still_refused(
