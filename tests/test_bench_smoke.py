@@ -133,9 +133,12 @@ def test_bench_runs_every_scenario_on_a_tiny_size(tmp_path: Path) -> None:
             values = [summary[key] for key in ("min", "median", "max")]
             assert all(isinstance(v, int | float) and math.isfinite(v) for v in values), summary
             assert values == sorted(values), f"{scenario}.{figure}: {summary}"
-            # (a notification may arrive before the sender's commit returns: that offset may
-            # be negative; the listed figures may not)
-            assert figure not in figures or values[0] > 0, f"{scenario}.{figure}: {summary}"
+            # (a handler may start before the sender's commit returns to it: the database has
+            # committed, but the sender's process, descheduled on a busy machine, reads the
+            # clock later. An after_commit offset may be negative; the other listed figures
+            # may not)
+            if figure in figures and "after_commit" not in figure:
+                assert values[0] > 0, f"{scenario}.{figure}: {summary}"
     # Every throughput figure of ours is compared with each peer; with pgmq, at the same
     # number of processes.
     for scenario in (
