@@ -59,6 +59,7 @@ STATE_TABLES = (
     "done_batches",
     "claims",
     "claimed_keys",
+    "job_releases",
     "queues",
     "concurrency_limits",
     "running_keys",

@@ -391,6 +391,87 @@ def test_release_returns_a_job_without_counting_the_attempt(db: psycopg.Connecti
     assert claim(db)[0]["attempts"] == 1
 
 
+def claim_and_release(db: psycopg.Connection, job_id: int) -> None:
+    db.execute("update pgqueue.jobs set run_after = now() where id = %s", (job_id,))
+    (claimed,) = claim(db)
+    assert db.execute(
+        "select pgqueue.release(%s, %s)", (job_id, claimed["lock_token"])
+    ).fetchone() == (True,)
+
+
+def test_the_third_release_in_a_row_counts_the_attempt_until_the_job_dead_letters(
+    db: psycopg.Connection,
+) -> None:
+    """A job its worker always stops before it ends (longer than an Edge Function's isolate
+    lives) is not released forever: every third release counts its attempt, with backoff,
+    and the last attempt dead-letters it with an error that says why."""
+    (job_id,) = enqueue_n(db, 1, max_attempts=2)
+    for _ in range(2):
+        claim_and_release(db, job_id)
+        row = job(db, job_id)
+        assert (row["status"], row["attempts"], row["last_error"]) == ("queued", 0, None)
+        assert row["due_in"] <= timedelta(0)
+    claim_and_release(db, job_id)
+    row = job(db, job_id)
+    assert (row["status"], row["attempts"]) == ("queued", 1)
+    assert row["last_error"] == (
+        "released 3 times in a row without finishing (its worker stopped each time before the"
+        " job ended): counted as attempt 1 of 2"
+    )
+    assert row["due_in"] > timedelta(seconds=2), "retried after a backoff, as a failure is"
+    for _ in range(2):
+        claim_and_release(db, job_id)
+        assert (job(db, job_id)["status"], job(db, job_id)["attempts"]) == ("queued", 1)
+    claim_and_release(db, job_id)
+    dead = job(db, job_id)
+    assert (dead["status"], dead["attempts"]) == ("failed", 2)
+    assert dead["last_error"].endswith("counted as attempt 2 of 2")
+    assert db.execute("select count(*) from pgqueue.job_releases").fetchone() == (0,)
+    # a dead letter brought back starts with no releases counted
+    assert db.execute("select pgqueue.retry(%s)", (job_id,)).fetchone() == (True,)
+    claim_and_release(db, job_id)
+    assert (job(db, job_id)["status"], job(db, job_id)["attempts"]) == ("queued", 0)
+
+
+def test_an_attempt_counted_between_releases_starts_their_count_again(
+    db: psycopg.Connection,
+) -> None:
+    (job_id,) = enqueue_n(db, 1, max_attempts=5)
+    claim_and_release(db, job_id)
+    claim_and_release(db, job_id)
+    (claimed,) = claim(db)
+    assert db.execute(
+        "select pgqueue.fail(%s, %s, 'boom')", (job_id, claimed["lock_token"])
+    ).fetchone() == ("queued",)
+    # a lease the sweeper rescues counts an attempt too
+    db.execute("update pgqueue.jobs set run_after = now() where id = %s", (job_id,))
+    claim(db)
+    expire_lease(db, job_id)
+    assert db.execute("select rescued from pgqueue.sweep()").fetchone() == (1,)
+    for _ in range(2):
+        claim_and_release(db, job_id)
+        assert job(db, job_id)["attempts"] == 2
+    claim_and_release(db, job_id)
+    assert job(db, job_id)["attempts"] == 3
+
+
+def test_the_sweeper_forgets_the_releases_of_jobs_that_finished(db: psycopg.Connection) -> None:
+    done, queued, running = enqueue_n(db, 3, **AS_ROWS)
+    for claimed in claim(db, 3):
+        db.execute("select pgqueue.release(%s, %s)", (claimed["id"], claimed["lock_token"]))
+    db.execute(
+        "update pgqueue.jobs set run_after = now() + interval '1 hour' where id = %s", (queued,)
+    )
+    (first,) = claim(db)
+    assert first["id"] == done
+    db.execute("select pgqueue.complete(%s, %s)", (done, first["lock_token"]))
+    assert [j["id"] for j in claim(db)] == [running]
+    released = "select job_id from pgqueue.job_releases order by job_id"
+    assert db.execute(released).fetchall() == [(done,), (queued,), (running,)]
+    db.execute("select pgqueue.sweep()")
+    assert db.execute(released).fetchall() == [(queued,), (running,)]
+
+
 def test_stats_count_jobs_and_the_age_of_the_oldest_runnable(db: psycopg.Connection) -> None:
     db.execute("select pgqueue.enqueue('a', run_after => now() - interval '10 minutes')")
     db.execute("select pgqueue.enqueue('a')")

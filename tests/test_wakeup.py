@@ -151,6 +151,33 @@ def test_a_burst_of_inserts_sends_one_wake_up_while_it_waits_in_pg_nets_queue(
     ]
 
 
+def test_a_backlog_in_pg_nets_queue_is_not_scanned_by_every_wake_up(
+    db: psycopg.Connection, sink: HttpSink
+) -> None:
+    """pg_net's table has no index on the URL: with 50,000 requests to another URL waiting (a
+    database webhook's backlog), wake() looks at the table's last pages only, where a new
+    request goes, so it reads a few thousand rows, not 50,000, and still finds its own."""
+    point_wake_ups(db, sink.url, GUC_KEY)
+    read = (
+        "select coalesce(sum(seq_tup_read), 0) from pg_stat_xact_user_tables"
+        " where relid = 'net.http_request_queue'::regclass"
+    )
+    # never committed: pg_net sends none of it
+    with db.transaction(force_rollback=True):
+        db.execute(
+            "insert into net.http_request_queue (method, url, headers, body, timeout_milliseconds)"
+            " select 'POST', 'http://webhook.invalid/hook', jsonb_build_object('Authorization',"
+            " 'Bearer ' || md5(g::text)), convert_to(jsonb_build_object('row', g)::text, 'UTF8'),"
+            " 2000 from generate_series(1, 50000) as g"
+        )
+        before = db.execute(read).fetchone()[0]
+        first = db.execute("select pgqueue.wake('test')").fetchone()[0]
+        again = db.execute("select pgqueue.wake('test')").fetchone()[0]
+        scanned = db.execute(read).fetchone()[0] - before
+    assert first is not None and again == first, "the waiting wake-up is found past the backlog"
+    assert 0 < scanned < 2 * 5_000, f"two wake-ups read {scanned} rows of 50,000"
+
+
 def test_one_insert_wakes_only_the_queues_with_due_jobs(
     db: psycopg.Connection, sink: HttpSink
 ) -> None:

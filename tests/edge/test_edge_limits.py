@@ -78,3 +78,36 @@ def test_jobs_running_when_the_isolate_ends_go_back_to_the_queue_unspent(
         assert done_first < held[0]
     finally:
         stop_edge_worker(worker)
+
+
+def test_a_job_no_isolate_lives_long_enough_for_ends_dead_lettered_not_released_forever(
+    db: psycopg.Connection, deno: Deno, probe_function_dir: Path, postgrest: PostgRESTStandIn
+) -> None:
+    """Each isolate is unloaded while the job still runs: the first two hand it back unspent,
+    the third release counts the attempt, and with its one attempt used the job is a dead
+    letter that says why."""
+    point_wake_ups(db, None, None)  # the test's POSTs are the only wake-ups
+    (job_id,) = enqueue_probes(db, {"holdMs": 60_000})
+    db.execute("update pgqueue.jobs set max_attempts = 1 where id = %s", (job_id,))
+    for isolate in range(1, 4):
+        worker = start_edge_worker(
+            deno,
+            probe_function_dir,
+            postgrest,
+            edge_runtime=True,
+            PGQUEUE_LINGER_MS="0",
+            EDGE_RUNTIME_UNLOAD_AFTER_MS="4000",
+        )
+        try:
+            wake(worker)
+            assert worker.wait_for_exit(timeout=15) == 0
+            [summary] = summaries(worker)
+            assert (summary["stoppedBy"], summary["released"]) == ("unload", 1), worker.output()
+        finally:
+            stop_edge_worker(worker)
+        if isolate < 3:
+            assert jobs(db) == [("queued", 0, None)]
+    [(status, attempts, error)] = jobs(db)
+    assert (status, attempts) == ("failed", 1)
+    assert error.startswith("released 3 times in a row without finishing")
+    assert error.endswith("counted as attempt 1 of 1")

@@ -12,9 +12,9 @@ import type { HandlerMap } from "./job.ts";
 import { formatPrometheus, PROMETHEUS_CONTENT_TYPE } from "./metrics.ts";
 import type { MetricSample, WorkerQueue } from "./queue.ts";
 import { FUNCTION_NAME, type Settings } from "./settings.ts";
+import { describe } from "./run_job.ts";
 import {
   type Clock,
-  describe,
   type Drain,
   type DrainSummary,
   type LogEvent,

@@ -3,7 +3,7 @@ import { z } from "zod";
 import { createWakeHandler, parseWake } from "./http.ts";
 import { defineHandler } from "./job.ts";
 import type { Settings } from "./settings.ts";
-import { MemoryQueue } from "./testing.ts";
+import { FakeClock, MemoryQueue } from "./testing.ts";
 import { PROMETHEUS_CONTENT_TYPE } from "./metrics.ts";
 import type { MetricSample } from "./queue.ts";
 import type { DrainSummary, LogEvent } from "./worker.ts";
@@ -29,9 +29,27 @@ function wake(authorization: string | null, body = '{"reason":"enqueue","queues"
   return new Request("http://localhost/job-worker", { method: "POST", headers, body });
 }
 
+/**
+ * A FakeClock whose sleeps wait for the test to move it on (`advance()`), so that a drain
+ * lingers until the test lets it go on.
+ */
+class HeldClock extends FakeClock {
+  override sleep = (ms: number, signal?: AbortSignal): Promise<void> =>
+    new Promise((resolve) => {
+      this.at(this.time + ms, resolve);
+      signal?.addEventListener("abort", () => resolve(), { once: true });
+    });
+}
+
+/** Lets the drain's pending promises run (no time passes on the test's clock). */
+async function settle(): Promise<void> {
+  for (let turn = 0; turn < 20; turn++) await new Promise((resolve) => setTimeout(resolve, 0));
+}
+
 function setUp(
   overrides: Partial<Settings> = {},
   metrics: () => Promise<MetricSample[]> = () => Promise.resolve([]),
+  clock: FakeClock = new FakeClock(),
 ) {
   const queue = new MemoryQueue();
   const pending: Promise<unknown>[] = [];
@@ -46,6 +64,7 @@ function setUp(
     onUnload: () => {},
     log: (event) => logged.push(event),
     metrics,
+    clock,
   });
   return { queue, pending, summaries, logged, handle };
 }
@@ -75,10 +94,16 @@ Deno.test("a wake-up with the service key is answered 202 and the jobs run after
 });
 
 Deno.test("a wake-up while a drain lingers joins it, whatever its queues", async () => {
-  const { queue, pending, summaries, handle } = setUp({ lingerMs: 500, lingerPollMs: 10 });
+  const clock = new HeldClock();
+  const { queue, pending, summaries, handle } = setUp(
+    { lingerMs: 500, lingerPollMs: 10 },
+    undefined,
+    clock,
+  );
   queue.add("ok");
   const first = await (await handle(wake("Bearer wake-secret-of-the-tests"))).json();
-  while (queue.byStatus("done").length === 0) await new Promise((r) => setTimeout(r, 5));
+  await settle();
+  assert.deepEqual(queue.byStatus("done"), [1], "the first job is done; the drain lingers");
 
   queue.add("ok");
   const second = await handle(wake("Bearer wake-secret-of-the-tests"));
@@ -92,7 +117,13 @@ Deno.test("a wake-up while a drain lingers joins it, whatever its queues", async
   assert.equal((await other.json()).joined, true, "the drain takes on the other queue");
   assert.equal(pending.length, 3, "each wake-up hands its work to waitUntil");
   assert.deepEqual(pending.slice(1), [pending[0], pending[0]], "the drain they joined");
-  await Promise.all(pending);
+  let ended = false;
+  pending[0].then(() => ended = true);
+  for (let polls = 0; !ended && polls < 100; polls++) {
+    clock.advance(10);
+    await settle();
+  }
+  assert.ok(ended, "the drain ends once its linger window passes with nothing found");
   assert.deepEqual(queue.byStatus("done"), [1, 2]);
   assert.deepEqual(summaries.map((summary) => summary.wakeUps), [3]);
   assert.ok(queue.claims.some((claim) => claim.queue === "emails"));

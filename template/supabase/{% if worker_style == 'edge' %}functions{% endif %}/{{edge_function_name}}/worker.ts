@@ -6,20 +6,21 @@
 // joins the drain. The deadline is the earlier of the time budget and the isolate's own
 // wall-clock limit (less a margin): at the deadline, or when the runtime unloads the function
 // (`beforeunload`), claiming stops and the jobs still running are released (their attempt not
-// counted); completions that no claim took along are sent before the drain ends. What a
-// handler returns rides along with its completion as the job's result, once checked against
-// the database's size limit.
-import type { HandlerMap, Job } from "./job.ts";
+// counted, unless it is the job's third release in a row); completions that no claim took
+// along are sent before the drain ends. What a handler returns rides along with its
+// completion as the job's result, once checked against the database's size limit (each job's
+// run: run_job.ts).
+import type { HandlerMap } from "./job.ts";
 import { PermanentError } from "./job.ts";
 import {
   type ClaimedJob,
   type DoneJob,
-  type Json,
   MAX_RESULT_BYTES,
   QueueError,
   TOO_BIG,
   type WorkerQueue,
 } from "./queue.ts";
+import { describe, describeJob, type JobRunContext, ResultError, runJob } from "./run_job.ts";
 /** All the drain's timing: the runtime's by default (systemClock), a fake one in tests. */
 export interface Clock {
   /** Milliseconds on a monotonic clock (systemClock: since the isolate started). */
@@ -523,149 +524,6 @@ function abortableSleep(ms: number, signal?: AbortSignal): Promise<void> {
   });
 }
 
-/**
- * A result the database cannot store: not JSON, or over `max_result_bytes`. Running the job
- * again would return the same, so its job goes to the dead letters at once.
- */
-export class ResultError extends PermanentError {
-  override name = "ResultError";
-}
-
 function isTooBig(error: unknown): error is QueueError {
   return error instanceof QueueError && error.code === TOO_BIG;
-}
-
-/** What running one job needs from its drain. */
-interface JobRunContext {
-  handlers: HandlerMap;
-  queue: WorkerQueue;
-  clock: Clock;
-  log: (event: LogEvent) => void;
-  maxResultBytes: () => Promise<number>;
-  /** A signal for one Data API call (a progress report). */
-  callSignal: () => AbortSignal;
-}
-
-/** How a job's run ended; `cut`: the batch's signal had fired when it did. */
-type Outcome = { job: ClaimedJob; ok: true; result: Json } | {
-  job: ClaimedJob;
-  ok: false;
-  error: unknown;
-  cut: boolean;
-};
-
-async function runJob(
-  job: ClaimedJob,
-  signal: AbortSignal,
-  limitMs: number,
-  { handlers, queue, clock, maxResultBytes, log, callSignal }: JobRunContext,
-): Promise<Outcome> {
-  const started = clock.now();
-  try {
-    // Only the kinds in `handlers` are claimed, so this is a safety net.
-    if (!Object.hasOwn(handlers, job.kind)) {
-      throw new PermanentError(
-        `no handler for job kind "${job.kind}": add handlers/${job.kind}.ts and ` +
-          "register it in handlers/mod.ts",
-      );
-    }
-    // A handler that ignores the signal is abandoned when it fires, so one stuck job
-    // cannot keep the batch's other jobs from being reported.
-    const returned = await Promise.race([
-      handlers[job.kind](job.payload, {
-        job: toJob(job),
-        signal,
-        reportProgress: (progress) => queue.progress(job, progress, callSignal()),
-      }),
-      abandonedWhenAborted(signal, limitMs),
-    ]);
-    const result = await toResult(returned, maxResultBytes);
-    log({
-      event: "job.done",
-      ...describeJob(job),
-      ms: Math.round(clock.now() - started),
-    });
-    return { job, ok: true, result };
-  } catch (error) {
-    return {
-      job,
-      ok: false,
-      error: error ?? new Error("handler threw no error value"),
-      cut: signal.aborted,
-    };
-  }
-}
-
-/**
- * What a handler returned, as the JSON stored as its job's result (null: none), or a
- * ResultError that names what is wrong with it. The size is the JSON text's, in UTF-8 bytes;
- * the database measures the stored jsonb and may still refuse a result that passed here
- * (then the worker fails the job as well).
- */
-async function toResult(returned: unknown, maxResultBytes: () => Promise<number>): Promise<Json> {
-  if (returned === undefined || returned === null) return null;
-  let text: string | undefined;
-  try {
-    text = JSON.stringify(returned);
-  } catch (error) {
-    throw new ResultError(`the handler's result is not JSON: ${describe(error, false)}`);
-  }
-  if (text === undefined) {
-    throw new ResultError(`the handler's result is not JSON: a ${typeof returned}`);
-  }
-  const limit = await maxResultBytes();
-  const bytes = new TextEncoder().encode(text).length;
-  if (bytes > limit) {
-    throw new ResultError(
-      `the handler's result is ${bytes} bytes of JSON; the limit is ${limit} ` +
-        "(max_result_bytes): return less, or store it elsewhere (e.g. Supabase Storage) " +
-        "and return a reference",
-    );
-  }
-  // Parsed back: the result as stored, detached from anything the handler still holds.
-  return JSON.parse(text);
-}
-
-function abandonedWhenAborted(signal: AbortSignal, limitMs: number): Promise<never> {
-  return new Promise((_resolve, reject) => {
-    const abandon = () => {
-      const error = new Error(
-        `the job was still running after ${limitMs} ms, when its lease was about to run ` +
-          "out; it will be retried",
-      );
-      error.name = "TimeoutError";
-      reject(error);
-    };
-    if (signal.aborted) abandon();
-    else signal.addEventListener("abort", abandon, { once: true });
-  });
-}
-
-function toJob(job: ClaimedJob): Job {
-  return {
-    id: job.id,
-    kind: job.kind,
-    queue: job.queue,
-    attempt: job.attempts,
-    maxAttempts: job.max_attempts,
-    concurrencyKey: job.concurrency_key,
-  };
-}
-
-function describeJob(job: ClaimedJob) {
-  return { id: job.id, kind: job.kind, attempt: job.attempts };
-}
-
-/** The text stored as the job's last_error: the message, and where it was thrown. */
-export function describe(error: unknown, withStack = true): string {
-  if (error instanceof Error) {
-    const head = `${error.name}: ${error.message}`;
-    return withStack && error.stack ? error.stack : head;
-  }
-  if (typeof error === "string") return error;
-  try {
-    return JSON.stringify(error) ?? String(error);
-  } catch {
-    return String(error);
-  }
 }
