@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .backoff import Outage, report
+from .backoff import Outage
 from .completions import Completions
 from .failures import report_failure
 from .leases import LeaseKeeper
@@ -27,6 +27,7 @@ from .logs import describe_exception, job_fields, ms_since
 from .metrics import WorkerMetrics
 from .queue_client import Job, QueueClient, QueueUnavailable
 from .registry import JobInfo, PermanentError, Registration, describe_validation_error
+from .reports import report
 from .results import MAX_PROGRESS_BYTES, NotStorable, to_json_text
 from .tracing import JobTracing
 
