@@ -294,8 +294,10 @@ def transport_module(package: str) -> ModuleType:
 
 def run_on_worker_loop(package: str, main: Coroutine[Any, Any, T]) -> T:
     """Run `main` on the event loop the generated worker's own command runs on (uvloop where
-    installed): `package`'s worker.run_until_complete."""
-    return importlib.import_module(f"{package}.worker").run_until_complete(main)
+    installed): `package`'s run_until_complete, in event_loop.py (in worker.py in projects
+    generated before it had a module of its own)."""
+    home = "event_loop" if importlib.util.find_spec(f"{package}.event_loop") else "worker"
+    return importlib.import_module(f"{package}.{home}").run_until_complete(main)
 
 
 async def _child(mode: str, package: str) -> None:

@@ -3,6 +3,7 @@ tests/support/residue.py); bad answers are refused with a message that says what
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import re
 import tomllib
@@ -50,6 +51,54 @@ def assert_clean(project: Path, *, wrapping: bool = True) -> None:
     assert residue(project, wrapping=wrapping) == []
     run(["ruff", "check", "."], cwd=project)
     run(["ruff", "format", "--check", "."], cwd=project)
+
+
+# STYLE.md's sizes for generated Python: modules up to 400 lines, functions up to 60; the
+# user's handlers (handlers/) are theirs to shape.
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+
+def oversized(project: Path) -> list[str]:
+    """The Python modules over MAX_MODULE_LINES and the functions over MAX_FUNCTION_LINES in a
+    rendered project, handlers/ left out."""
+    found = []
+    for path in sorted(project.rglob("*.py")):
+        name = path.relative_to(project)
+        if "handlers" in name.parts:
+            continue
+        text = path.read_text()
+        if (lines := len(text.splitlines())) > MAX_MODULE_LINES:
+            found.append(f"{name}: {lines} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    found.append(f"{name}:{node.lineno}: {node.name}() is {length} lines")
+    return found
+
+
+def test_oversized_finds_long_modules_and_functions_outside_handlers(tmp_path: Path) -> None:
+    long_function = "def long():\n" + "    x = 1\n" * MAX_FUNCTION_LINES
+    (tmp_path / "src" / "handlers").mkdir(parents=True)
+    (tmp_path / "src" / "worker.py").write_text(long_function)
+    (tmp_path / "src" / "handlers" / "mine.py").write_text(long_function)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_it.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    assert oversized(tmp_path) == [
+        f"src/worker.py:1: long() is {MAX_FUNCTION_LINES + 1} lines",
+        f"tests/test_it.py: {MAX_MODULE_LINES + 1} lines",
+    ]
+
+
+# Every variant has Python: the worker and its tests, or (edge) the dashboard's package.
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
+def test_generated_python_keeps_to_small_modules_and_functions(
+    template: Path, tmp_path: Path, variant: Variant
+) -> None:
+    project = render(template, tmp_path / "app", **variant.answers)
+    assert list(project.rglob("*.py")), "a variant without Python: nothing to check"
+    assert oversized(project) == []
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=str)

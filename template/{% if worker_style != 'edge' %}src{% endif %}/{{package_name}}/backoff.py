@@ -1,31 +1,19 @@
 # Worker machinery: you should not need to edit this file (handlers live in handlers/).
-"""Pauses that double up to a limit (between empty polls, through outages), and reports to
-the queue retried through an outage.
+"""Pauses that double up to a limit (between empty polls, through outages), and the outage a
+worker's calls wait out together.
 
 Every call of a worker that waits out an outage pauses through the worker's one Outage, and
 every call that gets through ends the others' pauses: when the queue answers a claim again,
 the successes waiting to be reported go at once (their jobs' leases are running out), and
-when a report gets through first, the claim loop claims at once."""
+when a report gets through first (reports.py), the claim loop claims at once."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-import time
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
-
-from .queue_client import QueueUnavailable
-
-log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 # The longest pause between two tries while the queue is unavailable.
 MAX_OUTAGE_PAUSE = 30.0
-# ... for a report: its job's lease runs out meanwhile, and a report costs the queue little.
-MAX_REPORT_PAUSE = 1.0
 
 
 class Backoff:
@@ -69,29 +57,3 @@ class Outage:
         if self._pausing:
             self._over.set()
             self._over = asyncio.Event()
-
-
-async def report(
-    call: Callable[[], Awaitable[T]], *, give_up_after: float, outage: Outage | None = None
-) -> T | None:
-    """Tell the queue what happened (`call()`), retrying through an outage for up to
-    `give_up_after` seconds (one lease: after that the sweeper has taken the job back anyway).
-    Between tries it pauses at most MAX_REPORT_PAUSE, and no longer than until another call
-    through `outage` gets through. None if it never got through."""
-    outage = outage or Outage()
-    backoff = Backoff(0.2, MAX_REPORT_PAUSE)
-    deadline = time.monotonic() + give_up_after
-    while True:
-        try:
-            result = await call()
-        except QueueUnavailable as exc:
-            if time.monotonic() > deadline:
-                log.error(
-                    "gave up reporting to the queue",
-                    extra={"event": "worker.report_failed", "error": str(exc)},
-                )
-                return None
-            await outage.pause(backoff.next())
-        else:
-            outage.over()
-            return result

@@ -23,7 +23,7 @@ measure as its error.
 complete_many() and complete() answer which jobs they completed, so a job whose lease had been
 taken back meanwhile is counted and logged as lost; complete_and_claim() passes over a stale
 token silently, so the jobs it carries are counted done. Jobs whose claim fails go to run(),
-which retries them through an outage as every report does (backoff.report()): at once when
+which retries them through an outage as every report does (reports.report()): at once when
 the worker's claim gets through again.
 """
 
@@ -36,11 +36,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .backoff import Outage, report
+from .backoff import Outage
 from .failures import report_failure
 from .logs import job_fields, ms_since
 from .metrics import WorkerMetrics
 from .queue_client import Done, Job, JsonText, QueueClient, Refused, TooLarge
+from .reports import report
 from .results import STORE_ELSEWHERE
 
 log = logging.getLogger(__name__)

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import logging
 
-from .backoff import Outage, report
+from .backoff import Outage
 from .logs import job_fields, ms_since
 from .metrics import Outcome, WorkerMetrics
 from .queue_client import Job, QueueClient
+from .reports import report
 
 log = logging.getLogger(__name__)
 

@@ -19,14 +19,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .backoff import Outage, report
+from .backoff import Outage
 from .completions import Completions
 from .failures import report_failure
-from .leases import LeaseKeeper
+from .leases import LeaseKeeper, StopReason
 from .logs import describe_exception, job_fields, ms_since
 from .metrics import WorkerMetrics
 from .queue_client import Job, QueueClient, QueueUnavailable
 from .registry import JobInfo, PermanentError, Registration, describe_validation_error
+from .reports import report
 from .results import MAX_PROGRESS_BYTES, NotStorable, to_json_text
 from .tracing import JobTracing
 
@@ -114,15 +115,7 @@ class JobRunner:
                 await self._release(job)  # shutdown
                 raise
             task.uncancel()
-            if reason == "timeout":
-                error = f"TimeoutError: timed out after {registration.timeout:g}s"
-                await self._fail(job, error, retryable=True, started=started)
-                return
-            self._metrics.finished([job], "lost")
-            log.error(
-                "job stopped: its lease was lost (another attempt owns it now)",
-                extra={"event": "job.lost", "duration_ms": ms_since(started), **job_fields(job)},
-            )
+            await self._stopped(job, reason, registration, started)
             return
         except PermanentError as exc:
             await self._fail(job, str(exc), retryable=False, started=started)
@@ -143,6 +136,21 @@ class JobRunner:
                 await self._fail(job, str(exc), retryable=False, started=started)
                 return
         self._completions.add(job, started, result)
+
+    async def _stopped(
+        self, job: Job, reason: StopReason, registration: Registration, started: float
+    ) -> None:
+        """The lease keeper stopped the job: it ran out of time (a failed attempt), or its
+        lease was lost (another attempt owns it now: nothing to report)."""
+        if reason == "timeout":
+            error = f"TimeoutError: timed out after {registration.timeout:g}s"
+            await self._fail(job, error, retryable=True, started=started)
+            return
+        self._metrics.finished([job], "lost")
+        log.error(
+            "job stopped: its lease was lost (another attempt owns it now)",
+            extra={"event": "job.lost", "duration_ms": ms_since(started), **job_fields(job)},
+        )
 
     async def _handle(
         self,

@@ -22,12 +22,12 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import TypeVar
 
 from .backoff import MAX_OUTAGE_PAUSE, Backoff, Outage
 from .completions import Completions, ResultRefused
@@ -51,37 +51,6 @@ _FIRST_IDLE_PAUSE = 0.1
 _CHECKIN_INTERVAL = 60.0
 # The largest result a database whose configuration does not say stores (the most it allows).
 _MAX_RESULT_BYTES = 65536
-# New objects between two collections of the garbage collector's youngest generation (Python's
-# default is 700): see tune_garbage_collector().
-_GC_YOUNG_OBJECTS = 5000
-
-
-def run_until_complete(main: Coroutine[Any, Any, T]) -> T:
-    """asyncio.run(main), on uvloop's event loop where uvloop is installed (a dependency on
-    Linux and macOS; it has no Windows build): the worker schedules a task per job, and
-    uvloop's scheduling costs less of its CPU than asyncio's own loop (measured in
-    pgqueue-template's docs/maintainers/performance-log.md).
-    The garbage collector is tuned for a long-running worker first (tune_garbage_collector)."""
-    tune_garbage_collector()
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main)
-    return uvloop.run(main)
-
-
-def tune_garbage_collector() -> None:
-    """Make Python's cyclic garbage collector cheaper for a worker, which runs for long and
-    keeps hundreds of jobs' tasks alive. Refcounting still frees every object at once; this
-    only changes how often the collector walks the live ones looking for cycles:
-    - gc.freeze(): what is loaded by now (modules, handlers, settings, clients) lives as long
-      as the process, so later collections no longer walk it;
-    - the youngest generation is collected after _GC_YOUNG_OBJECTS new objects instead of
-      Python's 700, so a busy worker collects about once a claim, not several times.
-    Together they take about a sixth off the worker's own CPU time per job
-    (pgqueue-template's docs/maintainers/performance-log.md)."""
-    gc.freeze()
-    gc.set_threshold(_GC_YOUNG_OBJECTS, *gc.get_threshold()[1:])
 
 
 async def log_health(queue: QueueClient) -> None:
@@ -106,6 +75,18 @@ async def log_health(queue: QueueClient) -> None:
             )
 
 
+@dataclass(frozen=True, slots=True)
+class _Machinery:
+    """What a worker runs jobs with, built when its first run() or drain() starts, once the
+    lease (WORKER_LEASE_SECONDS, or else the lease configured in the database) and the
+    database's max_result_bytes are known."""
+
+    lease_seconds: int
+    keeper: LeaseKeeper
+    completions: Completions
+    runner: JobRunner
+
+
 class Worker:
     def __init__(
         self,
@@ -121,10 +102,8 @@ class Worker:
         self.metrics = metrics or WorkerMetrics()
         # Spans for handler runs when WORKER_TRACING=on: see tracing.py.
         self._tracing = start_tracing() if settings.tracing else None
-        # The lease and the result size limit, and what depends on them, are known once the
-        # first run() or drain() starts: WORKER_LEASE_SECONDS, or else the lease configured in
-        # the database, and the database's max_result_bytes.
-        self._machinery: tuple[int, LeaseKeeper, Completions, JobRunner] | None = None
+        # Built when the first run() or drain() starts: see _Machinery.
+        self._machinery: _Machinery | None = None
         self._next_checkin = 0.0
         self._running: dict[asyncio.Task[None], Job] = {}
         self._stopping = asyncio.Event()
@@ -177,32 +156,16 @@ class Worker:
 
     async def _loop(self, *, until_idle: bool) -> None:
         if self._machinery is None:
-            configured = await self._configuration()
-            if configured is None:
+            self._machinery = await self._build()
+            if self._machinery is None:
                 return  # stopped before the database answered
-            lease_seconds, max_result_bytes = configured
-            keeper = LeaseKeeper(self._queue, lease_seconds)
-            completions = Completions(self._queue, lease_seconds, self.metrics, self._outage)
-            runner = JobRunner(
-                self._queue,
-                keeper,
-                completions,
-                self.metrics,
-                lease_seconds,
-                max_result_bytes,
-                self._tracing,
-                self._outage,
-            )
-            self.metrics.expect(self._settings.queue, self._handlers.kinds())
-            self._machinery = (lease_seconds, keeper, completions, runner)
-        lease_seconds, keeper, completions, _ = self._machinery
+        machinery = self._machinery
+        completions, keeper = machinery.completions, machinery.keeper
         reporting = asyncio.create_task(completions.run(), name="completions")
         keeping = asyncio.create_task(keeper.run(), name="lease_keeper")
         completions.expect_claims(True)
         try:
-            await self._claim_and_start(
-                completions, lease_seconds=lease_seconds, until_idle=until_idle
-            )
+            await self._claim_and_start(machinery, until_idle=until_idle)
         finally:
             completions.expect_claims(False)  # no more claims: the last successes go alone
             await self._finish()
@@ -210,6 +173,28 @@ class Worker:
             completions.close()
             keeper.stop()
             await asyncio.gather(reporting, keeping)
+
+    async def _build(self) -> _Machinery | None:
+        """The lease keeper, completions and job runner, once the lease and the result size
+        limit are known (_configuration()); None if stopped before the database answered."""
+        configured = await self._configuration()
+        if configured is None:
+            return None
+        lease_seconds, max_result_bytes = configured
+        keeper = LeaseKeeper(self._queue, lease_seconds)
+        completions = Completions(self._queue, lease_seconds, self.metrics, self._outage)
+        runner = JobRunner(
+            self._queue,
+            keeper,
+            completions,
+            self.metrics,
+            lease_seconds,
+            max_result_bytes,
+            self._tracing,
+            self._outage,
+        )
+        self.metrics.expect(self._settings.queue, self._handlers.kinds())
+        return _Machinery(lease_seconds, keeper, completions, runner)
 
     async def _configuration(self) -> tuple[int, int] | None:
         """The lease (WORKER_LEASE_SECONDS, or else the one configured in the database) and
@@ -246,11 +231,9 @@ class Worker:
         )
         await self._unless_stopped(self._outage.pause(delay))
 
-    async def _claim_and_start(
-        self, completions: Completions, *, lease_seconds: int, until_idle: bool
-    ) -> None:
+    async def _claim_and_start(self, machinery: _Machinery, *, until_idle: bool) -> None:
         settings = self._settings
-        kinds = self._handlers.kinds()
+        completions = machinery.completions
         idle = Backoff(_FIRST_IDLE_PAUSE, settings.poll_interval)
         outage = Backoff(0.5, MAX_OUTAGE_PAUSE)
         # Claim in batches: wait until a batch's worth of slots is free (half a batch, so the
@@ -264,42 +247,9 @@ class Worker:
                 await self._job_ended()
                 continue
             wanted = min(free, settings.batch_size)
-            if time.monotonic() >= self._next_checkin:
-                await self._checkin(kinds)
-            # Leases are counted from before the claim, so renewals are never late. A job that
-            # ends, or a poke(), while the claim is under way is seen after it.
-            self._changed.clear()
-            renew_at = time.monotonic() + lease_seconds / 2
-            try:
-                # The successes so far ride along: one round trip completes them and claims.
-                with completions.ride_along() as done:
-                    jobs = await self._queue.complete_and_claim(
-                        settings.worker_name,
-                        done,
-                        wanted,
-                        kinds=kinds,
-                        queue=settings.queue,
-                        lease_seconds=lease_seconds,
-                    )
-            except QueueUnavailable as exc:
-                completions.expect_claims(False)  # no claim before the pause ends
-                await self._wait_out(outage, exc)
-                completions.expect_claims(True)
+            jobs = await self._claim(machinery, wanted, outage)
+            if jobs is None:
                 continue
-            except ResultRefused as exc:
-                # Nothing was completed or claimed; those jobs are being sent alone, so that
-                # only the job whose result the database refused fails.
-                log.warning(
-                    "a result was refused with the claim; claiming again",
-                    extra={"event": "worker.result_refused", "error": str(exc)},
-                )
-                continue
-            outage.reset()
-            self._outage.over()  # reports waiting out the outage go now
-            self.metrics.claimed(jobs)
-            traceparents = await self._traceparents(jobs)
-            for job in jobs:
-                self._start(job, renew_at, traceparents.get(job.id))
             if len(jobs) == wanted:
                 idle.reset()
                 continue
@@ -313,13 +263,59 @@ class Worker:
                 continue
             if jobs:
                 idle.reset()
-            completions.expect_claims(False)  # idle: no claim before jobs come
-            woken = await self._unless_stopped(
-                self._queue.wait_for_jobs(settings.queue, idle.next())
-            )
-            if woken is not None:
-                self.metrics.woken("notify" if woken else "poll")
+            await self._wait_for_jobs(completions, idle.next())
+
+    async def _claim(self, machinery: _Machinery, wanted: int, outage: Backoff) -> list[Job] | None:
+        """Claim up to `wanted` jobs, the successes so far riding along, and start them; None
+        when the claim did not go through (after waiting out an outage)."""
+        settings = self._settings
+        kinds = self._handlers.kinds()
+        completions = machinery.completions
+        if time.monotonic() >= self._next_checkin:
+            await self._checkin(kinds)
+        # Leases are counted from before the claim, so renewals are never late. A job that
+        # ends, or a poke(), while the claim is under way is seen after it.
+        self._changed.clear()
+        renew_at = time.monotonic() + machinery.lease_seconds / 2
+        try:
+            # The successes so far ride along: one round trip completes them and claims.
+            with completions.ride_along() as done:
+                jobs = await self._queue.complete_and_claim(
+                    settings.worker_name,
+                    done,
+                    wanted,
+                    kinds=kinds,
+                    queue=settings.queue,
+                    lease_seconds=machinery.lease_seconds,
+                )
+        except QueueUnavailable as exc:
+            completions.expect_claims(False)  # no claim before the pause ends
+            await self._wait_out(outage, exc)
             completions.expect_claims(True)
+            return None
+        except ResultRefused as exc:
+            # Nothing was completed or claimed; those jobs are being sent alone, so that
+            # only the job whose result the database refused fails.
+            log.warning(
+                "a result was refused with the claim; claiming again",
+                extra={"event": "worker.result_refused", "error": str(exc)},
+            )
+            return None
+        outage.reset()
+        self._outage.over()  # reports waiting out the outage go now
+        self.metrics.claimed(jobs)
+        traceparents = await self._traceparents(jobs)
+        for job in jobs:
+            self._start(machinery.runner, job, renew_at, traceparents.get(job.id))
+        return jobs
+
+    async def _wait_for_jobs(self, completions: Completions, timeout: float) -> None:
+        """Idle: wait for a wake-up, or `timeout` seconds (or until stop())."""
+        completions.expect_claims(False)  # no claim before jobs come
+        woken = await self._unless_stopped(self._queue.wait_for_jobs(self._settings.queue, timeout))
+        if woken is not None:
+            self.metrics.woken("notify" if woken else "poll")
+        completions.expect_claims(True)
 
     async def _checkin(self, kinds: list[str]) -> None:
         """Tell the database which kinds this worker claims; never stops the worker."""
@@ -348,18 +344,17 @@ class Worker:
             )
             return {}
 
-    def _start(self, job: Job, renew_at: float, traceparent: str | None = None) -> None:
+    def _start(self, runner: JobRunner, job: Job, renew_at: float, traceparent: str | None) -> None:
         registration = self._handlers.get(job.kind)
         # The claim named only the kinds registered here, and a registry only ever grows.
         assert registration is not None, f"claimed a job of kind {job.kind!r} with no handler"
-        assert self._machinery is not None, "jobs are started only inside _loop()"
-        task = self._machinery[3].start(job, registration, renew_at, traceparent)
+        task = runner.start(job, registration, renew_at, traceparent)
         self._running[task] = job
         task.add_done_callback(self._ended)
 
     def _ended(self, task: asyncio.Task[None]) -> None:
         assert self._machinery is not None, "jobs are started only inside _loop()"
-        self._machinery[3].ended(task, self._running.pop(task))
+        self._machinery.runner.ended(task, self._running.pop(task))
         self._changed.set()
 
     async def _job_ended(self) -> None:

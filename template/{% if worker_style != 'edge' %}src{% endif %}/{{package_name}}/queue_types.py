@@ -1,0 +1,110 @@
+# Worker machinery: you should not need to edit this file (handlers live in handlers/).
+"""The queue functions' arguments and rows, as typed Python values: the same whichever
+transport read them (pydantic turns the Data API's JSON text and psycopg's values alike into
+these types)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel
+
+
+class NewJob(BaseModel):
+    """One job for enqueue_many(); unset fields take the queue's defaults."""
+
+    kind: str
+    payload: dict[str, Any] = {}
+    run_after: datetime | None = None
+    idempotency_key: str | None = None
+    queue: str | None = None
+    priority: int | None = None
+    max_attempts: int | None = None
+    concurrency_key: str | None = None
+    # A W3C traceparent (00-<trace-id>-<parent-id>-<flags>): the job's handler span joins
+    # that trace. The database refuses a malformed one.
+    traceparent: str | None = None
+
+
+# What enqueue() does when a live job already holds its idempotency key: `keep` it as it is,
+# `replace` a waiting job's payload, run_after, priority and max_attempts, or `debounce` (a
+# waiting job takes the new payload and the later run_after).
+OnConflict = Literal["keep", "replace", "debounce"]
+ON_CONFLICT: tuple[OnConflict, ...] = get_args(OnConflict)
+
+FailStatus = Literal["queued", "failed"]
+
+
+class JobState(BaseModel):
+    """One job as `job(id)` finds it, live or finished: its state, how far it got, what it
+    returned and its last error. Fields a finished job no longer has are None (a done job
+    keeps no payload; one kept by batch, no priority or max_attempts)."""
+
+    id: int
+    queue: str
+    kind: str
+    status: str
+    priority: int | None
+    attempts: int
+    max_attempts: int | None
+    payload: Any
+    progress: Any
+    result: Any
+    last_error: str | None
+    concurrency_key: str | None
+    idempotency_key: str | None
+    run_after: datetime | None
+    locked_until: datetime | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+class QueueState(BaseModel):
+    """A row of the `queue_states` view: a queue that has jobs, is paused or is rate-limited."""
+
+    queue: str
+    paused: bool
+    paused_at: datetime | None
+    rate_per_second: float | None
+    rate_burst: int | None
+    queued: int
+    running: int
+
+
+class Metric(BaseModel):
+    """A row of `metrics()`: one Prometheus sample. `name` ends in _total for counters; the
+    others are gauges (docs/observability.md lists them)."""
+
+    name: str
+    labels: dict[str, str]
+    value: float
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Metric:
+        return cls(name=row["metric"], labels=row["labels"], value=row["value"])
+
+
+class ThroughputPoint(BaseModel):
+    """A row of `throughput()`: the jobs of one queue that finished in one minute (`failed`:
+    dead-lettered)."""
+
+    minute: datetime
+    queue: str
+    done: int
+    failed: int
+    cancelled: int
+
+
+class Schedule(BaseModel):
+    """A row of the `schedules` view: a recurring job, with its pg_cron state and last run."""
+
+    name: str
+    cron: str
+    kind: str
+    payload: Any
+    queue: str
+    active: bool | None
+    last_run_at: datetime | None
+    last_run_status: str | None
+    created_at: datetime
