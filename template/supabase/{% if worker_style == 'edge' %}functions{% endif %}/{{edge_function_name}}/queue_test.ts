@@ -236,6 +236,17 @@ Deno.test("views and the config are read with GET", async () => {
   );
 });
 
+Deno.test("a config without its row is a QueueError, never a limit made up", async () => {
+  await withApi(() => [], async (queue) => {
+    await assert.rejects(
+      queue.maxResultBytes(),
+      (error) =>
+        error instanceof QueueError && error.call === "config" &&
+        /returned \[\], not the config row, with its max_result_bytes/.test(error.message),
+    );
+  });
+});
+
 Deno.test("a database error is a QueueError naming the call, its SQLSTATE and the hint", async () => {
   const refused = Response.json({
     code: "54000",
