@@ -117,6 +117,13 @@ export interface ThroughputPoint {
   cancelled: number;
 }
 
+/** A row of health(): one thing wake-ups and rescues depend on, and what to do if it fails. */
+export interface HealthCheck {
+  component: string;
+  ok: boolean;
+  detail: string;
+}
+
 /** A row of the `schedules` view: a recurring job and its pg_cron state. */
 export interface Schedule {
   name: string;
@@ -149,6 +156,11 @@ const metricRows = rowsOf<MetricSample>("metric samples", {
   value: ["number", "string"],
 });
 const throughputRows = rowsOf<ThroughputPoint>("minutes", { minute: "string", queue: "string" });
+const healthRows = rowsOf<HealthCheck>("health checks", {
+  component: "string",
+  ok: "boolean",
+  detail: "string",
+});
 const traceRows = rowsOf<{ id: number; traceparent: string }>("trace contexts", {
   id: "number",
   traceparent: "string",
@@ -206,6 +218,20 @@ export function adminQueue(api: DataApi) {
       api.call("schedule", { name, cron, kind, payload, queue }, jobId),
     /** Stops a recurring job (its queued jobs stay); false when there was none. */
     unschedule: (name: string) => api.call("unschedule", { name }, boolean),
+    /**
+     * Brings a dead-lettered or cancelled job back to the queue, due at `runAfter` (default:
+     * now), its attempts counted from 0; false when there is no such job.
+     */
+    retry: (id: number, runAfter?: Date | string) =>
+      api.call("retry", {
+        job_id: id,
+        ...(runAfter === undefined ? {} : { run_after: timestamp(runAfter) }),
+      }, boolean),
+    /**
+     * Cancels a queued or running job (a running one's worker learns it when it next reports);
+     * false when it is neither.
+     */
+    cancel: (id: number) => api.call("cancel", { job_id: id }, boolean),
     /** One job by id, wherever it is; null for an unknown id (or one pruned). */
     job: async (id: number): Promise<JobRecord | null> =>
       (await api.call("job", { job_id: id }, jobRows))[0] ?? null,
@@ -222,6 +248,8 @@ export function adminQueue(api: DataApi) {
      * oldest first, a row for every minute of every queue; refused (22023) outside that range.
      */
     throughput: (minutes = 30) => api.call("throughput", { minutes }, throughputRows),
+    /** What wake-ups and rescues depend on (pg_net, the worker's URL and key), each ok or not. */
+    health: () => api.call("health", {}, healthRows),
     /** The traceparent each of these live jobs was enqueued with, for those that have one. */
     traceContexts: async (ids: readonly number[]) => {
       const rows = await api.call("trace_contexts", { job_ids: ids }, traceRows);
@@ -239,7 +267,7 @@ export type AdminQueue = ReturnType<typeof adminQueue>;
 /** enqueue()'s and enqueue_many()'s arguments for `options`, only those given. */
 function newJobArgs(options: Omit<EnqueueOptions, "onConflict">): Record<string, unknown> {
   const args: Record<string, unknown> = {
-    run_after: options.runAfter instanceof Date ? options.runAfter.toISOString() : options.runAfter,
+    run_after: options.runAfter === undefined ? undefined : timestamp(options.runAfter),
     idempotency_key: options.idempotencyKey,
     queue: options.queue,
     priority: options.priority,
@@ -250,6 +278,11 @@ function newJobArgs(options: Omit<EnqueueOptions, "onConflict">): Record<string,
     traceparent: options.traceparent,
   };
   return Object.fromEntries(Object.entries(args).filter(([, value]) => value !== undefined));
+}
+
+/** A time as the Data API takes it: an ISO timestamp (a string is passed on as it is). */
+function timestamp(time: Date | string): string {
+  return time instanceof Date ? time.toISOString() : time;
 }
 
 /** The database refuses other keys with a bare constraint name; say what is wrong instead. */

@@ -48,6 +48,7 @@ export function isRecord(value: unknown): value is Record<string, unknown> {
 const KINDS = {
   number: (value: unknown) => typeof value === "number",
   string: (value: unknown) => typeof value === "string",
+  boolean: (value: unknown) => typeof value === "boolean",
   null: (value: unknown) => value === null,
   object: isRecord,
 };

@@ -20,6 +20,7 @@ import {
 export type {
   AdminQueue,
   EnqueueOptions,
+  HealthCheck,
   JobRecord,
   MetricSample,
   NewJob,
