@@ -17,19 +17,8 @@ import {
   shape,
 } from "./data_api.ts";
 
-export type {
-  AdminQueue,
-  EnqueueOptions,
-  HealthCheck,
-  JobRecord,
-  MetricSample,
-  NewJob,
-  OnConflict,
-  QueueState,
-  Schedule,
-  StatsRow,
-  ThroughputPoint,
-} from "./admin.ts";
+// The client's whole surface is importable from here, whichever module defines it.
+export type * from "./admin.ts";
 export { type Json, type QueueConnection, QueueError, READ_LIMIT } from "./data_api.ts";
 
 /** A claimed job: the row complete_and_claim() returns, and the queue it was claimed from. */
