@@ -337,3 +337,21 @@ def test_the_queue_client_calls_each_function_of_the_contract(
     assert too_big["error"]["code"] == "54000"
     assert "the limit is 65536 (max_result_bytes)" in too_big["error"]["reason"]
     assert (done["status"], done["result"]) == ("done", {"rows": 1})
+
+    # Cancelling and retrying a job, and the health checks.
+    [parked] = client(["enqueue", "probe", {"v": 9}, {"queue": "parked"}])
+    cancelled, cancelled_again, cancelled_row, retried, retried_again, health = client(
+        ["cancel", parked],
+        ["cancel", parked],
+        ["job", parked],
+        ["retry", parked, "2030-01-03T00:00:00Z"],
+        ["retry", parked],
+        ["health"],
+    )
+    assert (cancelled, cancelled_again, retried, retried_again) == (True, False, True, False)
+    assert cancelled_row["status"] == "cancelled"
+    row = job_by_id(db, parked)
+    assert (row["status"], row["attempts"], row["payload"]) == ("queued", 0, {"v": 9})
+    assert row["run_after"].isoformat() == "2030-01-03T00:00:00+00:00"
+    assert "pg_net" in {check["component"] for check in health}
+    assert all(isinstance(check["ok"], bool) and check["detail"] for check in health)

@@ -68,7 +68,7 @@ def test_edge_function_imports_only_pinned_npm_packages(function_dir: Path) -> N
         ]
         for source in function_dir.rglob("*.ts")
     }
-    assert "@supabase/supabase-js" in specifiers["queue.ts"]
+    assert "@supabase/supabase-js" in specifiers["data_api.ts"]
     assert "zod" in specifiers["job.ts"]
     for source, imported in specifiers.items():
         for specifier in imported:

@@ -1,13 +1,25 @@
-// Machinery: the queue's SQL functions and views, called through the Data API (PostgREST)
-// with supabase-js. The worker uses the calls in WorkerQueue; app code (another Edge Function,
-// a script) may use all of Queue, e.g. `supabaseQueue(loadSettings()).enqueue("send_email",
-// {...})`. Every state change of a running job presents the lock token its claim handed out,
-// so a job whose lease was given to another worker is never overwritten by this one.
-import { createClient } from "@supabase/supabase-js";
-import type { Settings } from "./settings.ts";
+// Machinery: the queue's client. The worker's calls (WorkerQueue) are here, each one SQL
+// function called through data_api.ts; the rest of the SQL contract, for app code, is in
+// admin.ts. supabaseQueue() gives both: another Edge Function or a script may use it, e.g.
+// `supabaseQueue(loadSettings()).enqueue("send_email", {...})`. Every state change of a running
+// job presents the lock token its claim handed out, so a job whose lease was given to another
+// worker is never overwritten by this one.
+import { type AdminQueue, adminQueue } from "./admin.ts";
+import {
+  boolean,
+  type DataApi,
+  dataApi,
+  isRecord,
+  type Json,
+  nothing,
+  type QueueConnection,
+  rowsOf,
+  shape,
+} from "./data_api.ts";
 
-/** A JSON value: what payloads, results and progress are. */
-export type Json = string | number | boolean | null | Json[] | { [key: string]: Json };
+// The client's whole surface is importable from here, whichever module defines it.
+export type * from "./admin.ts";
+export { type Json, type QueueConnection, QueueError, READ_LIMIT } from "./data_api.ts";
 
 /** A claimed job: the row complete_and_claim() returns, and the queue it was claimed from. */
 export interface ClaimedJob {
@@ -54,122 +66,6 @@ export interface CompleteAndClaimOptions {
 /** The job's status after fail(): queued again, dead-lettered, or null when stale. */
 export type FailOutcome = "queued" | "failed" | null;
 
-/** What enqueue() does when a job with the same idempotency key is still waiting. */
-export type OnConflict = "keep" | "replace" | "debounce";
-
-export interface EnqueueOptions {
-  /** Not before this time (default: now). */
-  runAfter?: Date | string;
-  /** At most one job per key: a repeat returns the existing job's id (see `onConflict`). */
-  idempotencyKey?: string;
-  /** Default `default`. */
-  queue?: string;
-  /** Higher runs first (default 0). */
-  priority?: number;
-  /** Default: `max_attempts` in the queue's config. */
-  maxAttempts?: number;
-  /** Jobs sharing a key run at most the key's limit at once (setConcurrencyLimit()). */
-  concurrencyKey?: string;
-  /**
-   * With a taken idempotency key, while its job waits: `keep` it as it is (the default),
-   * `replace` its payload, run_after, priority and max_attempts, or `debounce` (its payload,
-   * and the later of the two run_after). A running or finished job is never changed.
-   */
-  onConflict?: OnConflict;
-  /**
-   * A W3C traceparent (`00-<32 hex trace-id>-<16 hex parent-id>-<2 hex flags>`): the job's
-   * handler span joins that trace. The database refuses a malformed one (code 22023).
-   */
-  traceparent?: string;
-}
-
-/** One job of enqueueMany(); a taken idempotency key keeps the existing job. */
-export interface NewJob extends Omit<EnqueueOptions, "onConflict"> {
-  kind: string;
-  payload?: Json;
-}
-
-/** One job by id, live or finished: the row job() returns. */
-export interface JobRecord {
-  id: number;
-  queue: string;
-  kind: string;
-  status: "queued" | "running" | "done" | "failed" | "cancelled";
-  priority: number | null;
-  attempts: number;
-  max_attempts: number | null;
-  /** Null once the job is done. */
-  payload: Json;
-  /** What the running attempt last reported (null once it finished). */
-  progress: Json;
-  /** What the handler returned, once done (null: nothing). */
-  result: Json;
-  last_error: string | null;
-  concurrency_key: string | null;
-  idempotency_key: string | null;
-  run_after: string | null;
-  locked_until: string | null;
-  created_at: string;
-  finished_at: string | null;
-}
-
-/** A row of the `stats` view: jobs per queue, kind and status. */
-export interface StatsRow {
-  queue: string;
-  kind: string;
-  status: string;
-  jobs: number;
-  runnable: number;
-  /** A Postgres interval, e.g. "00:00:03.5"; null when none is runnable. */
-  oldest_runnable_age: string | null;
-  paused: boolean;
-}
-
-/** A row of the `queue_states` view: each queue with jobs or a state. */
-export interface QueueState {
-  queue: string;
-  paused: boolean;
-  paused_at: string | null;
-  rate_per_second: number | null;
-  rate_burst: number | null;
-  queued: number;
-  running: number;
-}
-
-/**
- * A row of metrics(): one Prometheus sample. Names ending in `_total` are counters, the others
- * gauges; label values are strings.
- */
-export interface MetricSample {
-  metric: string;
-  labels: Record<string, string>;
-  value: number;
-}
-
-/** A row of throughput(): the jobs of one queue that finished in one minute. */
-export interface ThroughputPoint {
-  /** The minute (ISO timestamp). */
-  minute: string;
-  queue: string;
-  done: number;
-  /** Dead-lettered. */
-  failed: number;
-  cancelled: number;
-}
-
-/** A row of the `schedules` view: a recurring job and its pg_cron state. */
-export interface Schedule {
-  name: string;
-  cron: string;
-  kind: string;
-  payload: Json;
-  queue: string;
-  active: boolean | null;
-  last_run_at: string | null;
-  last_run_status: string | null;
-  created_at: string;
-}
-
 /**
  * The calls the worker makes. Each takes an optional `signal` that gives up on the call when
  * it aborts (the worker passes a timeout); the call then fails with a QueueError.
@@ -204,70 +100,7 @@ export interface WorkerQueue {
 }
 
 /** The whole queue: the worker's calls, and the rest of the SQL contract for app code. */
-export interface Queue extends WorkerQueue {
-  /** Adds a job; its id (the existing job's, when the idempotency key is taken). */
-  enqueue(kind: string, payload?: Json, options?: EnqueueOptions): Promise<number>;
-  /** Adds jobs in one call; their ids, in order. */
-  enqueueMany(jobs: readonly NewJob[]): Promise<number[]>;
-  /**
-   * At most `maxRunning` (1 to 100,000) jobs of `concurrencyKey` run at once, across all
-   * workers; null removes the key's own limit. Returns the limit now in force (null: none).
-   */
-  setConcurrencyLimit(concurrencyKey: string, maxRunning: number | null): Promise<number | null>;
-  /** Stops claiming `queue`'s jobs; running ones finish. True if it was running. */
-  pause(queue: string): Promise<boolean>;
-  /** Claims `queue`'s jobs again and wakes the workers. True if it was paused. */
-  resume(queue: string): Promise<boolean>;
-  /**
-   * Claims of `queue` start at most `perSecond` jobs a second on average and `burst` at once
-   * (default: perSecond rounded up); null perSecond removes the limit.
-   */
-  setRateLimit(queue: string, perSecond: number | null, burst?: number): Promise<void>;
-  /** Enqueues a `kind` job on `cron` (pg_cron), one per time slot; pg_cron's job id. */
-  schedule(
-    name: string,
-    cron: string,
-    kind: string,
-    payload?: Json,
-    queue?: string,
-  ): Promise<number>;
-  /** Stops a recurring job (its queued jobs stay); false when there was none. */
-  unschedule(name: string): Promise<boolean>;
-  /** One job by id, wherever it is; null for an unknown id (or one pruned). */
-  job(id: number): Promise<JobRecord | null>;
-  schedules(): Promise<Schedule[]>;
-  queueStates(): Promise<QueueState[]>;
-  stats(): Promise<StatsRow[]>;
-  /** The queue's gauges and counters, ordered by metric then labels. */
-  metrics(): Promise<MetricSample[]>;
-  /**
-   * Jobs finished per minute and queue over the last `minutes` (1 to 1440, default 30),
-   * oldest first, a row for every minute of every queue; refused (22023) outside that range.
-   */
-  throughput(minutes?: number): Promise<ThroughputPoint[]>;
-  /** The traceparent each of these live jobs was enqueued with, for those that have one. */
-  traceContexts(ids: readonly number[]): Promise<Map<number, string>>;
-  /** Changes the settings in `changes` (none: only reads); the whole configuration. */
-  configure(changes?: Record<string, Json>): Promise<Record<string, Json>>;
-}
-
-/** What a call through the Data API failed with. */
-export class QueueError extends Error {
-  override name = "QueueError";
-  constructor(
-    message: string,
-    /** The SQL function or view called, e.g. "enqueue()". */
-    readonly call: string,
-    /** The SQLSTATE, or PostgREST's PGRST code; "" when the request never got an answer. */
-    readonly code: string,
-    /** What the database (or the network) said, without the call, URL or hint. */
-    readonly reason: string,
-    /** The database's advice, if it gave any. */
-    readonly hint = "",
-  ) {
-    super(message);
-  }
-}
+export type Queue = WorkerQueue & AdminQueue;
 
 /** The SQLSTATE of a result or progress over its size limit. */
 export const TOO_BIG = "54000";
@@ -275,64 +108,10 @@ export const TOO_BIG = "54000";
 /** The most `max_result_bytes` may be, and what the worker assumes when it cannot read it. */
 export const MAX_RESULT_BYTES = 65536;
 
-const MAX_CONCURRENCY_KEY_LENGTH = 200;
-
-/** The most rows the Data API returns at once (Supabase's default "max rows"). */
-export const READ_LIMIT = 1000;
-
-/** What a call must return, checked before anything uses it. */
-interface Shape<T> {
-  expected: string;
-  is(value: unknown): value is T;
-}
-
-function shape<T>(expected: string, is: (value: unknown) => boolean): Shape<T> {
-  return { expected, is: is as (value: unknown) => value is T };
-}
-
-function isRecord(value: unknown): value is Record<string, unknown> {
-  return typeof value === "object" && value !== null && !Array.isArray(value);
-}
-
-/** The kinds of JSON value a field may hold. */
-const KINDS = {
-  number: (value: unknown) => typeof value === "number",
-  string: (value: unknown) => typeof value === "string",
-  null: (value: unknown) => value === null,
-  object: isRecord,
-};
-type Kind = keyof typeof KINDS;
-
-/** A list of objects, each with `fields` of their kinds (other fields unchecked). */
-function rowsOf<T>(what: string, fields: Record<string, Kind | Kind[]>): Shape<T[]> {
-  const fits = (value: unknown, kinds: Kind | Kind[]) =>
-    [kinds].flat().some((kind) => KINDS[kind](value));
-  return shape(
-    `a list of ${what}`,
-    (value) =>
-      Array.isArray(value) &&
-      value.every((row) =>
-        isRecord(row) && Object.entries(fields).every(([name, kinds]) => fits(row[name], kinds))
-      ),
-  );
-}
-
-const boolean = shape<boolean>("true or false", (value) => typeof value === "boolean");
-const nothing = shape<void>("nothing", () => true);
-const jobId = shape<number>("an id", Number.isInteger);
-const jobIds = shape<number[]>(
-  "a list of ids",
-  (value) => Array.isArray(value) && value.every(Number.isInteger),
-);
-const countOrNull = shape<number | null>(
-  "a number or null",
-  (value) => value === null || typeof value === "number",
-);
 const failOutcome = shape<FailOutcome>(
   '"queued", "failed" or null',
   (value) => value === null || value === "queued" || value === "failed",
 );
-const configuration = shape<Record<string, Json>>("the configuration (an object)", isRecord);
 const claimedRows = rowsOf<Omit<ClaimedJob, "queue">>("claimed jobs", {
   id: "number",
   kind: "string",
@@ -343,96 +122,24 @@ const claimedRows = rowsOf<Omit<ClaimedJob, "queue">>("claimed jobs", {
   locked_until: "string",
   concurrency_key: ["string", "null"],
 });
-const jobRows = rowsOf<JobRecord>("jobs", { id: "number", status: "string" });
-const metricRows = rowsOf<MetricSample>("metric samples", {
-  metric: "string",
-  labels: "object",
-  value: ["number", "string"],
-});
-const throughputRows = rowsOf<ThroughputPoint>("minutes", { minute: "string", queue: "string" });
-const traceRows = rowsOf<{ id: number; traceparent: string }>("trace contexts", {
-  id: "number",
-  traceparent: "string",
-});
+const configRow = shape<{ max_result_bytes: number }[]>(
+  "the config row, with its max_result_bytes",
+  (value) =>
+    Array.isArray(value) && value.length === 1 && isRecord(value[0]) &&
+    typeof value[0].max_result_bytes === "number",
+);
 
-/** Where the queue lives: the settings' API URL, key (the first) and schema. */
-export type QueueConnection = Pick<Settings, "supabaseUrl" | "serviceKeys" | "schema">;
+/** The queue in `connection`'s database, through its Data API. */
+export function supabaseQueue(connection: QueueConnection): Queue {
+  const api = dataApi(connection);
+  return { ...workerQueue(api), ...adminQueue(api) };
+}
 
-export function supabaseQueue(settings: QueueConnection): Queue {
-  const client = createClient(settings.supabaseUrl, settings.serviceKeys[0], {
-    auth: {
-      persistSession: false,
-      autoRefreshToken: false,
-      detectSessionInUrl: false,
-    },
-  });
-  const db = client.schema(settings.schema);
-
-  /** `name` is the function, e.g. "enqueue()", or the view read. */
-  function failure(name: string, error: { message: string; code?: string; hint?: string }) {
-    return new QueueError(
-      `${settings.schema}.${name} failed through ${settings.supabaseUrl}: ${error.message}` +
-        (error.hint ? ` (hint: ${error.hint})` : ""),
-      name,
-      error.code ?? "",
-      error.message,
-      error.hint ?? "",
-    );
-  }
-
-  /** Calls the SQL function `fn` and checks that what it returned has the expected shape. */
-  async function call<T>(
-    fn: string,
-    args: Record<string, unknown>,
-    shape: Shape<T>,
-    signal?: AbortSignal,
-  ): Promise<T> {
-    let answer;
-    try {
-      const request = db.rpc(fn, args);
-      answer = await (signal ? request.abortSignal(signal) : request);
-    } catch (error) {
-      // e.g. a value JSON cannot carry (a BigInt, a cycle)
-      throw failure(`${fn}()`, { message: String(error) });
-    }
-    if (answer.error) throw failure(`${fn}()`, answer.error);
-    return checked(`${fn}()`, answer.data, shape);
-  }
-
-  /**
-   * Reads a view, refusing to return a partial answer: the Data API returns at most
-   * READ_LIMIT rows at once (its "max rows" setting) and says nothing when it cuts a list.
-   */
-  async function read<T extends object>(
-    view: string,
-    columns = "*",
-    signal?: AbortSignal,
-  ): Promise<T[]> {
-    const request = db.from(view).select(columns).limit(READ_LIMIT);
-    const { data, error } = await (signal ? request.abortSignal(signal) : request);
-    if (error) throw failure(view, error);
-    const rows = checked(view, data, rowsOf<T>("rows", {}));
-    if (rows.length >= READ_LIMIT) {
-      throw failure(view, {
-        message: `${view} has ${READ_LIMIT} rows or more, the most the Data API returns at ` +
-          "once: read it with SQL (or a narrower view) instead",
-      });
-    }
-    return rows;
-  }
-
-  function checked<T>(name: string, data: unknown, shape: Shape<T>): T {
-    if (shape.is(data)) return data;
-    const got = JSON.stringify(data)?.slice(0, 200) ?? String(data);
-    throw failure(name, {
-      message: `returned ${got}, not ${shape.expected}: are the project's migrations applied ` +
-        `to this database, and is ${settings.schema} the queue's schema?`,
-    });
-  }
-
+/** The worker's calls, each one SQL function (and the config's row) through `api`. */
+export function workerQueue(api: DataApi): WorkerQueue {
   return {
     completeAndClaim: async ({ worker, done, queue, kinds, maxJobs, leaseSeconds, signal }) => {
-      const rows = await call(
+      const rows = await api.call(
         "complete_and_claim",
         {
           worker,
@@ -453,123 +160,22 @@ export function supabaseQueue(settings: QueueConnection): Queue {
       return rows.map((row) => ({ ...row, queue }));
     },
     complete: (attempt, result = null, signal) =>
-      call(
-        "complete",
-        {
-          job_id: attempt.id,
-          lock_token: attempt.lock_token,
-          result,
-        },
-        boolean,
-        signal,
-      ),
+      api.call("complete", { ...lease(attempt), result }, boolean, signal),
     fail: (job, error, retryable, signal) =>
-      call(
-        "fail",
-        {
-          job_id: job.id,
-          lock_token: job.lock_token,
-          error,
-          retryable,
-        },
-        failOutcome,
-        signal,
-      ),
-    release: (attempt, signal) =>
-      call("release", { job_id: attempt.id, lock_token: attempt.lock_token }, boolean, signal),
+      api.call("fail", { ...lease(job), error, retryable }, failOutcome, signal),
+    release: (attempt, signal) => api.call("release", lease(attempt), boolean, signal),
     progress: (attempt, progress, signal) =>
-      call(
-        "progress",
-        {
-          job_id: attempt.id,
-          lock_token: attempt.lock_token,
-          progress,
-        },
-        boolean,
-        signal,
-      ),
+      api.call("progress", { ...lease(attempt), progress }, boolean, signal),
     checkin: (worker, queue, kinds, signal) =>
-      call("checkin", { worker, queue, kinds }, nothing, signal),
+      api.call("checkin", { worker, queue, kinds }, nothing, signal),
     maxResultBytes: async (signal) => {
-      const [row] = await read<{ max_result_bytes: number }>(
-        "config",
-        "max_result_bytes",
-        signal,
-      );
-      if (typeof row?.max_result_bytes !== "number") {
-        throw failure("config", { message: "no max_result_bytes in the config row" });
-      }
+      const [row] = await api.read("config", configRow, { columns: "max_result_bytes", signal });
       return row.max_result_bytes;
     },
-
-    enqueue: async (kind, payload = {}, options = {}) =>
-      await call("enqueue", {
-        kind,
-        payload,
-        ...newJobArgs(options),
-        ...(options.onConflict === undefined ? {} : { on_conflict: options.onConflict }),
-      }, jobId),
-    enqueueMany: async (jobs) =>
-      await call("enqueue_many", {
-        jobs: jobs.map(({ kind, payload, ...options }) => ({
-          kind,
-          ...(payload === undefined ? {} : { payload }),
-          ...newJobArgs(options),
-        })),
-      }, jobIds),
-    setConcurrencyLimit: async (concurrencyKey, maxRunning) =>
-      await call("set_concurrency_limit", {
-        concurrency_key: checkedKey(concurrencyKey),
-        max_running: maxRunning,
-      }, countOrNull),
-    pause: (queue) => call("pause", { queue }, boolean),
-    resume: (queue) => call("resume", { queue }, boolean),
-    setRateLimit: (queue, perSecond, burst) =>
-      call("set_rate_limit", {
-        queue,
-        per_second: perSecond,
-        ...(burst === undefined ? {} : { burst }),
-      }, nothing),
-    schedule: (name, cron, kind, payload = {}, queue = "default") =>
-      call("schedule", { name, cron, kind, payload, queue }, jobId),
-    unschedule: (name) => call("unschedule", { name }, boolean),
-    job: async (id) => (await call("job", { job_id: id }, jobRows))[0] ?? null,
-    schedules: () => read<Schedule>("schedules"),
-    queueStates: () => read<QueueState>("queue_states"),
-    stats: () => read<StatsRow>("stats"),
-    metrics: () => call("metrics", {}, metricRows),
-    throughput: (minutes = 30) => call("throughput", { minutes }, throughputRows),
-    traceContexts: async (ids) => {
-      const rows = await call("trace_contexts", { job_ids: ids }, traceRows);
-      return new Map(rows.map(({ id, traceparent }) => [id, traceparent]));
-    },
-    configure: (changes = {}) => call("configure", { changes }, configuration),
   };
 }
 
-/** enqueue()'s and enqueue_many()'s arguments for `options`, only those given. */
-function newJobArgs(options: Omit<EnqueueOptions, "onConflict">): Record<string, unknown> {
-  const args: Record<string, unknown> = {
-    run_after: options.runAfter instanceof Date ? options.runAfter.toISOString() : options.runAfter,
-    idempotency_key: options.idempotencyKey,
-    queue: options.queue,
-    priority: options.priority,
-    max_attempts: options.maxAttempts,
-    concurrency_key: options.concurrencyKey === undefined
-      ? undefined
-      : checkedKey(options.concurrencyKey),
-    traceparent: options.traceparent,
-  };
-  return Object.fromEntries(Object.entries(args).filter(([, value]) => value !== undefined));
-}
-
-/** The database refuses other keys with a bare constraint name; say what is wrong instead. */
-function checkedKey(key: string): string {
-  // Postgres counts characters (code points), as the spread does.
-  if (typeof key !== "string" || key === "" || [...key].length > MAX_CONCURRENCY_KEY_LENGTH) {
-    const reason = `a concurrency key is 1 to ${MAX_CONCURRENCY_KEY_LENGTH} characters, got ` +
-      JSON.stringify(key);
-    throw new QueueError(reason, "concurrency_key", "22023", reason);
-  }
-  return key;
+/** The arguments that say which attempt a call is about: the job and its claim's lock token. */
+function lease(attempt: Attempt) {
+  return { job_id: attempt.id, lock_token: attempt.lock_token };
 }

@@ -62,7 +62,8 @@ const claimed: ClaimedJob = {
 /** What each SQL function returns, in shape. */
 function answerOfItsShape(path: string): unknown {
   const fn = path.replace("rpc/", "");
-  if (["pause", "resume", "unschedule", "complete", "progress", "release"].includes(fn)) {
+  const yesOrNo = ["pause", "resume", "unschedule", "complete", "progress", "release", "retry"];
+  if ([...yesOrNo, "cancel"].includes(fn)) {
     return true;
   }
   if (fn === "configure") return { max_result_bytes: 1024 };
@@ -98,6 +99,9 @@ Deno.test("each method calls its SQL function with its named arguments", async (
     await queue.configure({ max_result_bytes: 1024 });
     await queue.throughput();
     await queue.throughput(60);
+    await queue.retry(7);
+    await queue.retry(7, new Date("2026-01-02T00:00:00Z"));
+    await queue.cancel(7);
 
     assert.ok(got.every((request) => request.method === "POST"));
     assert.ok(got.every((request) => request.schema === "jobs_schema"));
@@ -135,6 +139,9 @@ Deno.test("each method calls its SQL function with its named arguments", async (
       ["rpc/configure", { changes: { max_result_bytes: 1024 } }],
       ["rpc/throughput", { minutes: 30 }],
       ["rpc/throughput", { minutes: 60 }],
+      ["rpc/retry", { job_id: 7 }],
+      ["rpc/retry", { job_id: 7, run_after: "2026-01-02T00:00:00.000Z" }],
+      ["rpc/cancel", { job_id: 7 }],
     ]);
   });
 });
@@ -156,16 +163,24 @@ Deno.test("enqueueMany sends one array, each job's options under their SQL names
   });
 });
 
-Deno.test("metrics() and traceContexts() read their functions' rows", async () => {
+Deno.test("metrics(), health() and traceContexts() read their functions' rows", async () => {
   const sample = { metric: "pgqueue_jobs_queued", labels: { queue: "q", kind: "k" }, value: 3 };
+  const check = { component: "pg_net", ok: true, detail: "pg_net is enabled" };
   const traced = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  const rows: Record<string, unknown> = {
+    "rpc/metrics": [sample],
+    "rpc/health": [check],
+    "rpc/trace_contexts": [{ id: 4, traceparent: traced }],
+  };
   await withApi(
-    (path) => path === "rpc/metrics" ? [sample] : [{ id: 4, traceparent: traced }],
+    (path) => rows[path],
     async (queue, got) => {
       assert.deepEqual(await queue.metrics(), [sample]);
+      assert.deepEqual(await queue.health(), [check]);
       assert.deepEqual(await queue.traceContexts([4, 5]), new Map([[4, traced]]));
       assert.deepEqual(got.map(({ path, body }) => [path, body]), [
         ["rpc/metrics", {}],
+        ["rpc/health", {}],
         ["rpc/trace_contexts", { job_ids: [4, 5] }],
       ]);
     },
@@ -234,6 +249,17 @@ Deno.test("views and the config are read with GET", async () => {
       ]);
     },
   );
+});
+
+Deno.test("a config without its row is a QueueError, never a limit made up", async () => {
+  await withApi(() => [], async (queue) => {
+    await assert.rejects(
+      queue.maxResultBytes(),
+      (error) =>
+        error instanceof QueueError && error.call === "config" &&
+        /returned \[\], not the config row, with its max_result_bytes/.test(error.message),
+    );
+  });
 });
 
 Deno.test("a database error is a QueueError naming the call, its SQLSTATE and the hint", async () => {
