@@ -102,6 +102,17 @@ def test_a_named_queue_is_kept_and_a_call_over_1024_jobs_takes_a_block_of_ids_pe
     assert single == found[0][0] + 3 * 1024
 
 
+def test_a_field_set_to_null_after_the_first_element_counts_as_not_set(
+    db: psycopg.Connection,
+) -> None:
+    """As the row path takes it (coalesce to the default): the batch path reads every
+    element's fields as text in one pass, where a null is no value."""
+    jobs = [{"kind": "a"}, {"kind": "a", "queue": None, "priority": None, "run_after": None}]
+    ids = enqueue_many(db, jobs)
+    assert [(q, k, size) for _, q, k, size, _ in batches(db)] == [("default", "a", 2)]
+    assert rows(db) == 0 and len(ids) == 2
+
+
 @pytest.mark.parametrize(
     "jobs",
     [
