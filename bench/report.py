@@ -113,6 +113,9 @@ RATIO_TARGETS = (
     # the SQL API's hot path against pgmq's read + delete
     RatioTarget("sql_hot_1proc", "jobs_per_s", 1.5, "pgmq_read_delete_1proc"),
     RatioTarget("sql_hot_4proc", "jobs_per_s", 1.5, "pgmq_read_delete_4proc"),
+    # issue 35: the same for jobs stored a row each (enqueue() or enqueue_many() with keys)
+    RatioTarget("sql_hot_rows_1proc", "jobs_per_s", 1.5, "pgmq_read_delete_1proc"),
+    RatioTarget("sql_hot_rows_4proc", "jobs_per_s", 1.5, "pgmq_read_delete_4proc"),
     # the generated worker, handler path and all, against pgmq's raw SQL
     RatioTarget("worker_postgres_1proc", "jobs_per_s", 1.2, "pgmq_read_delete_1proc"),
     RatioTarget("worker_postgres_4proc", "jobs_per_s", 1.2, "pgmq_read_delete_4proc"),
