@@ -217,6 +217,8 @@ def test_update_to_another_transport_renders_the_new_variant(
 # --- The release rule, and updates from the release on a live database ---------------------
 
 RELEASES = release_refs()
+# 0.1.0: the release whose projects 1.0.0's step migration updates
+FIRST_RELEASE = RELEASES[0]
 MIGRATIONS_DIR = "supabase/migrations"
 
 
@@ -260,7 +262,7 @@ def test_released_migrations_render_byte_identical_at_head(
 def test_the_release_rule_fails_when_a_released_migration_is_edited(
     history: Path, tmp_path: Path
 ) -> None:
-    release = render_at(history, RELEASES[-1], tmp_path / "release", {})
+    release = render_at(history, FIRST_RELEASE, tmp_path / "release", {})
     released = sorted((release / MIGRATIONS_DIR).glob("*.sql"))
     edited = snapshot_template(tmp_path / "edited")
     sources = edited / "template" / MIGRATIONS_DIR
@@ -270,7 +272,7 @@ def test_the_release_rule_fails_when_a_released_migration_is_edited(
     (last,) = sources.glob(f"*{released[-1].name}*")
     last.unlink()
     commit_everything(edited, "edit released migrations")
-    baseline = {"queue_baseline": release_version(RELEASES[-1])}
+    baseline = {"queue_baseline": release_version(FIRST_RELEASE)}
     head = render_at(edited, "HEAD", tmp_path / "head", recorded_answers(release) | baseline)
     assert released_migration_changes(release, head) == [
         f"{released[0].name}: released, rendered differently at HEAD",
@@ -349,7 +351,7 @@ def test_a_project_from_the_release_updates_to_head_with_its_live_jobs(
     history: Path, tmp_path: Path, at_release: dict, changes: dict, capfd: pytest.CaptureFixture
 ) -> None:
     project = render_repo(
-        history, tmp_path / "app", "generated at the release", vcs_ref=RELEASES[-1], **at_release
+        history, tmp_path / "app", "generated at 0.1.0", vcs_ref=FIRST_RELEASE, **at_release
     )
     released = {p.name: p.read_bytes() for p in (project / MIGRATIONS_DIR).glob("*.sql")}
     schema = at_release.get("queue_schema", "pgqueue")
