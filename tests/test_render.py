@@ -244,5 +244,6 @@ def test_a_schema_named_for_a_reserved_setting_prefix_is_refused(
 
 def test_every_question_has_a_validator_or_fixed_choices() -> None:
     for name, spec in questions().items():
-        assert "validator" in spec or "choices" in spec, f"{name} accepts anything"
+        bounded = "validator" in spec or "choices" in spec or spec.get("type") == "bool"
+        assert bounded, f"{name} accepts anything"
         assert spec.get("help"), f"{name} has no help text"

@@ -214,6 +214,35 @@ def test_update_to_another_transport_renders_the_new_variant(
     run(["ruff", "format", "--check", "."], cwd=project)
 
 
+def copier_cli(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess:
+    """Copier's command line as a user runs it (not quiet), its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "copier", *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+
+
+def test_copy_and_update_from_a_release_print_no_warning(releases: Path, tmp_path: Path) -> None:
+    copy = copier_cli(
+        "copy", "--trust", "--defaults", releases, "app", "--vcs-ref", "v1.0.0", cwd=tmp_path
+    )
+    project = tmp_path / "app"
+    said = [line for line in copy.stderr.splitlines() if line.strip()]
+    assert said[0] == "Copying from template version 1.0.0", copy.stderr
+    assert not [line for line in said if "warn" in line.lower() or "tags" in line], copy.stderr
+    run(["git", "init", "-q", "-b", "main"], cwd=project)
+    commit_everything(project, "generated")
+
+    updated = copier_cli("update", "--trust", "--defaults", cwd=project)
+    said = [line for line in updated.stderr.splitlines() if line.strip()]
+    assert said == ["Updating to template version 1.1.0"], updated.stderr
+    assert "_commit: v1.1.0" in (project / ".copier-answers.yml").read_text()
+
+
 # --- The release rule, and updates from the release on a live database ---------------------
 
 RELEASES = release_refs()
