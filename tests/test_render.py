@@ -8,6 +8,7 @@ import re
 import tomllib
 from pathlib import Path
 
+import copier
 import psycopg
 import pytest
 import yaml
@@ -15,11 +16,13 @@ from psycopg import sql
 
 from testkit.cluster import Cluster
 from testkit.project import (
+    COPIER_LOCK,
     REPO,
     VARIANTS,
     Variant,
     choices,
     questions,
+    record_prompts,
     render,
     rendered_files,
     run,
@@ -247,3 +250,44 @@ def test_every_question_has_a_validator_or_fixed_choices() -> None:
         bounded = "validator" in spec or "choices" in spec or spec.get("type") == "bool"
         assert bounded, f"{name} accepts anything"
         assert spec.get("help"), f"{name} has no help text"
+
+
+# What each worker style is asked besides worker_style: the wake-up questions only where the
+# database POSTs to the worker (python LISTENs or polls), the transport only of Python workers,
+# the function's name only of the edge worker.
+EVERY_STYLE = {
+    "project_name",
+    "project_slug",
+    "package_name",
+    "queue_schema",
+    "max_attempts",
+    "lease_seconds",
+    "sweep_schedule",
+    "retention_days",
+}
+WAKE_UP = {"worker_url", "worker_url_setting", "service_key_setting"}
+ASKED = {
+    "python": EVERY_STYLE | {"claim_transport"},
+    "python-http": EVERY_STYLE | {"claim_transport"} | WAKE_UP,
+    "edge": EVERY_STYLE | {"edge_function_name"} | WAKE_UP,
+}
+
+
+@pytest.mark.parametrize("style", choices("worker_style"))
+def test_each_worker_style_is_asked_only_the_questions_it_uses(
+    template: Path, tmp_path: Path, style: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked = record_prompts(monkeypatch)
+    with COPIER_LOCK:
+        copier.run_copy(
+            str(template),
+            str(tmp_path / "app"),
+            data={"worker_style": style},
+            unsafe=True,
+            vcs_ref="HEAD",
+            quiet=True,
+        )
+    assert sorted(asked) == sorted(ASKED[style]), "each question it uses, once"
+    # what was not asked is not recorded either: an update does not carry it along
+    recorded = yaml.safe_load((tmp_path / "app/.copier-answers.yml").read_text())
+    assert {k for k in recorded if not k.startswith("_")} == ASKED[style] | {"worker_style"}

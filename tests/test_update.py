@@ -5,6 +5,7 @@ snapshot the working tree into a git repo, tag it, and commit a second release o
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -24,6 +25,7 @@ from testkit.project import (
     COPIER_LOCK,
     commit_everything,
     push_migrations,
+    record_prompts,
     release_refs,
     release_version,
     render,
@@ -214,6 +216,66 @@ def test_update_to_another_transport_renders_the_new_variant(
     run(["ruff", "format", "--check", "."], cwd=project)
 
 
+WAKE_UP_DEFAULTS = {
+    "worker_url_setting": "app.pgqueue_worker_url",
+    "service_key_setting": "app.pgqueue_wake_secret",
+}
+
+
+def config_changes(project: Path, generated: set[Path]) -> dict:
+    """What the migration the update task added configures (its marker line)."""
+    (added,) = set((project / MIGRATIONS_DIR).iterdir()) - generated
+    marker = "-- pgqueue-template config: "
+    (line,) = [x for x in added.read_text().splitlines() if x.startswith(marker)]
+    return json.loads(line.removeprefix(marker))
+
+
+def test_switching_to_a_style_the_database_posts_to_asks_the_wake_up_questions(
+    template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A python project is not asked where wake-ups go; switched to python-http, it is asked
+    just that (the other answers kept), and the database gets the new URL."""
+    project = render_repo(template, tmp_path / "app", "generated polling")
+    assert not WAKE_UP_DEFAULTS.keys() & recorded_answers(project).keys()
+    generated = set((project / MIGRATIONS_DIR).iterdir())
+    asked = record_prompts(monkeypatch)
+    with COPIER_LOCK:
+        copier.run_update(
+            str(project),
+            data={"worker_style": "python-http"},
+            skip_answered=True,
+            overwrite=True,
+            unsafe=True,
+            vcs_ref="HEAD",
+            quiet=True,
+            conflict="rej",
+        )
+    assert sorted(asked) == ["service_key_setting", "worker_url", "worker_url_setting"]
+    assert (project / "src/my_app/app.py").exists(), "the HTTP worker"
+    assert not [p for p in rendered_files(project) if p.suffix == ".rej"]
+    url = "http://host.docker.internal:8000/wake"
+    assert recorded_answers(project) | WAKE_UP_DEFAULTS == recorded_answers(project)
+    assert recorded_answers(project)["worker_url"] == url
+    assert config_changes(project, generated) == {"worker_url": url}
+
+
+def test_switching_to_the_python_style_gives_the_wake_up_answers_their_defaults(
+    template: Path, tmp_path: Path
+) -> None:
+    """Back to a worker that LISTENs or polls: the database stops POSTing (no URL), and the
+    setting names are a new python project's."""
+    project = render_repo(
+        template, tmp_path / "app", "generated", **RELEASE_ANSWERS["python-http-custom"]
+    )
+    generated = set((project / MIGRATIONS_DIR).iterdir())
+    update(project, "HEAD", worker_style="python")
+    assert not (project / "src/my_app/app.py").exists()
+    assert not [p for p in rendered_files(project) if p.suffix == ".rej"]
+    assert not WAKE_UP_DEFAULTS.keys() & recorded_answers(project).keys()
+    assert "worker_url" not in recorded_answers(project)
+    assert config_changes(project, generated) == {"worker_url": ""} | WAKE_UP_DEFAULTS
+
+
 def copier_cli(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess:
     """Copier's command line as a user runs it (not quiet), its output captured."""
     return subprocess.run(
@@ -313,9 +375,10 @@ def expected_config(answers: dict) -> dict:
         "lease_seconds": answers["lease_seconds"],
         "retention_days": answers["retention_days"],
         "dead_letter_retention_days": answers["retention_days"] * 4,
-        "worker_url": answers["worker_url"] or None,
-        "worker_url_setting": answers["worker_url_setting"],
-        "service_key_setting": answers["service_key_setting"],
+        # not asked of the python style, which gets the defaults
+        "worker_url": answers.get("worker_url") or None,
+        "worker_url_setting": answers.get("worker_url_setting", "app.pgqueue_worker_url"),
+        "service_key_setting": answers.get("service_key_setting", "app.pgqueue_wake_secret"),
         "sweep_schedule": answers["sweep_schedule"],
         # a NOTIFY only where workers LISTEN: the postgres transport's
         "notify_listeners": answers["worker_style"] != "edge"
@@ -356,6 +419,7 @@ UPGRADES = {
     "defaults-answers-changed": (
         {},
         {
+            "worker_style": "python-http",  # which the database POSTs to: asked its URL
             "claim_transport": "postgres",
             "max_attempts": 8,
             "lease_seconds": 900,
