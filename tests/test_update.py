@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from testkit.cluster import free_port
 from testkit.hosted import start_hosted_cluster
 from testkit.project import (
     COPIER_LOCK,
+    REPO,
     commit_everything,
     push_migrations,
     record_prompts,
@@ -301,8 +303,65 @@ def test_copy_and_update_from_a_release_print_no_warning(releases: Path, tmp_pat
 
     updated = copier_cli("update", "--trust", "--defaults", cwd=project)
     said = [line for line in updated.stderr.splitlines() if line.strip()]
-    assert said == ["Updating to template version 1.1.0"], updated.stderr
+    # Copier names each migration it runs (README.md says what this one is); nothing else
+    assert said[0] == "Updating to template version 1.1.0", updated.stderr
+    assert [line.split(":")[0] for line in said[1:]] == [" > Running task 1 of 1"], said
+    assert "report_conflicts.py" in said[1]
     assert "_commit: v1.1.0" in (project / ".copier-answers.yml").read_text()
+
+
+def test_a_copy_from_a_relative_path_says_how_to_update_and_the_fix_works(
+    releases: Path, tmp_path: Path
+) -> None:
+    copy = copier_cli("copy", "--trust", "--defaults", releases.name, "app", cwd=releases.parent)
+    project = releases.parent / "app"
+    assert 'records the template as "template", a path\nrelative' in copy.stderr
+    run(["git", "init", "-q", "-b", "main"], cwd=project)
+    commit_everything(project, "generated")
+    # what the note and the README warn of: from inside the project, Copier does not find it
+    refused = subprocess.run(
+        [sys.executable, "-m", "copier", "update", "--trust", "--defaults"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode != 0
+    assert "Updating is only supported in git-tracked templates." in refused.stderr
+    # the fix they give: the template's absolute path in _src_path, committed
+    answers = project / ".copier-answers.yml"
+    answers.write_text(answers.read_text().replace("_src_path: template", f"_src_path: {releases}"))
+    commit_everything(project, "the template by its absolute path")
+    copier_cli("update", "--trust", "--defaults", cwd=project)
+    assert "_commit: v1.1.0" in answers.read_text()
+
+
+@pytest.mark.parametrize("conflict", ["inline", "rej"])
+def test_an_update_with_conflicts_names_the_files_left_to_resolve(
+    releases: Path, tmp_path: Path, conflict: str, capfd: pytest.CaptureFixture
+) -> None:
+    project = render_repo(releases, tmp_path / "app", "generated at 1.0.0", vcs_ref="v1.0.0")
+    config = project / "supabase/config.toml"
+    config.write_text(config.read_text() + "\n# our own last line\n")  # where 1.1.0 adds one
+    commit_everything(project, "our config")
+    capfd.readouterr()
+    with COPIER_LOCK:
+        copier.run_update(
+            str(project),
+            defaults=True,
+            overwrite=True,
+            unsafe=True,
+            vcs_ref="v1.1.0",
+            quiet=True,
+            conflict=conflict,
+        )
+    err = capfd.readouterr().err
+    if conflict == "inline":
+        assert "<<<<<<< before updating" in config.read_text()
+        assert "left conflict markers in 1 file:\n  supabase/config.toml\n" in err, err
+    else:
+        assert (project / "supabase/config.toml.rej").exists()
+        assert "could not apply 1 change, kept in:\n  supabase/config.toml.rej\n" in err, err
+    assert "README.md (Taking template releases)" in err
 
 
 # --- The release rule, and updates from the release on a live database ---------------------
@@ -573,6 +632,13 @@ def test_answers_that_cannot_change_on_update_are_refused(
     template: Path, tmp_path: Path, answer: str, value: str, message: str
 ) -> None:
     project = render_repo(template, tmp_path / "app", "generated")
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=message) as refused:
         update(project, "HEAD", **{answer: value})
     assert run(["git", "status", "--porcelain"], cwd=project) == "", "nothing was written"
+    # the page it names is a full URL (docs/ is the template's, not in the project), and the
+    # section it names is on that page
+    (page, section) = re.findall(
+        r"https://github.com/org/pgqueue-template/blob/main/(\S+\.md)#([a-z-]+)", str(refused.value)
+    )[0]
+    headings = re.findall(r"^#+ (.+)$", (REPO / page).read_text(), re.M)
+    assert section in {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-") for h in headings}
