@@ -18,10 +18,8 @@ otherwise:
 
 from __future__ import annotations
 
-import re
 import subprocess
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -29,57 +27,24 @@ import pytest
 from testkit.cluster import PG_BIN, Cluster
 from testkit.hosted import SUPERUSER, start_hosted_cluster
 from testkit.project import REPO, VARIANTS, Variant, push_migrations, render
-
-BLOCK = re.compile(
-    r"^(?:[ \t]*<!-- example: (?P<marker>.*?) -->\n\n)?(?P<indent>[ \t]*)```sql\n(?P<body>.*?)"
-    r"^(?P=indent)```",
-    re.M | re.S,
-)
-# What a block may be skipped for: only what this machine cannot provide.
-LACKING = ("supabase start", "hosted project")
-
-
-@dataclass(frozen=True)
-class Example:
-    page: str
-    line: int
-    sql: str
-    marker: str
-
-    def __str__(self) -> str:
-        return f"{self.page}:{self.line}"
-
-
-def examples(page: Path, name: str) -> list[Example]:
-    text = page.read_text()
-    found = []
-    for m in BLOCK.finditer(text):
-        assert "```" not in (m["marker"] or ""), f"{name}: a marker runs into a code block"
-        body = "\n".join(line.removeprefix(m["indent"]) for line in m["body"].splitlines())
-        line = text.count("\n", 0, m.start("indent")) + 1
-        found.append(Example(name, line, body + "\n", m["marker"] or ""))
-    return found
+from tests.support.doc_examples import Example, examples
 
 
 def run_example(cluster: Cluster, example: Example) -> None:
-    marker = example.marker
-    if marker.startswith("not run"):
-        assert any(reason in marker for reason in LACKING), (
-            f"{example}: a block may be left out only for what this machine lacks "
-            f"({', '.join(LACKING)}); its marker says {marker!r}"
-        )
+    if example.skipped:
         return
+    marker = example.marker
     user = SUPERUSER if marker.startswith("as superuser") else "postgres"
-    first = marker.removeprefix("first ") + "\n" if marker.startswith("first ") else ""
+    first = example.first
     assert marker == "" or user == SUPERUSER or first, f"{example}: unknown marker {marker!r}"
     proc = subprocess.run(
         [str(PG_BIN / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", cluster.dsn(user=user)],
-        input=first + example.sql,
+        input=first + example.code,
         capture_output=True,
         text=True,
     )
     assert proc.returncode == 0, (
-        f"{example} failed as {user}:\n{first}{example.sql}--- psql said\n{proc.stderr}"
+        f"{example} failed as {user}:\n{first}{example.code}--- psql said\n{proc.stderr}"
     )
 
 
