@@ -14,7 +14,7 @@ LACKING = ("supabase start", "hosted project")
 
 def block(language: str) -> re.Pattern[str]:
     return re.compile(
-        r"^(?:[ \t]*<!-- example: (?P<marker>.*?) -->\n\n)?(?P<indent>[ \t]*)```"
+        r"^(?:[ \t]*<!-- example: (?P<marker>(?:(?!-->).)*?) -->\n\n)?(?P<indent>[ \t]*)```"
         + re.escape(language)
         + r"\n(?P<body>.*?)^(?P=indent)```",
         re.M | re.S,
