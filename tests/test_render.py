@@ -291,3 +291,17 @@ def test_each_worker_style_is_asked_only_the_questions_it_uses(
     # what was not asked is not recorded either: an update does not carry it along
     recorded = yaml.safe_load((tmp_path / "app/.copier-answers.yml").read_text())
     assert {k for k in recorded if not k.startswith("_")} == ASKED[style] | {"worker_style"}
+
+
+def test_the_databases_messages_name_the_templates_pages_by_url(
+    template: Path, tmp_path: Path
+) -> None:
+    """docs/ is the template repo's, not the project's: a notice or error of the queue's
+    migrations and functions that points there gives the full URL."""
+    for baseline in ("0.1.0", "1.0.0"):
+        project = render(template, tmp_path / baseline, queue_baseline=baseline)
+        for migration in (project / "supabase/migrations").glob("*.sql"):
+            code = re.sub(r"--[^\n]*", "", migration.read_text())
+            strings = re.findall(r"'((?:[^']|'')*)'", code)
+            relative = [s for s in strings if re.search(r"(?<![/\w])docs/[\w/-]+\.md", s)]
+            assert relative == [], f"{migration.name} names the template's docs by a path"
