@@ -9,10 +9,14 @@ import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import copier
 import jinja2
 import yaml
+
+if TYPE_CHECKING:
+    import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SUPABASE_CLI = REPO / "node_modules" / ".bin" / "supabase"
@@ -229,6 +233,22 @@ def update(project: Path, vcs_ref: str, **answers) -> Path:
             conflict="rej",
         )
     return project
+
+
+def record_prompts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The questions Copier puts to the user from now on, each answered with its default: a
+    stand-in for questionary's prompt, which skips a question whose `when` is false."""
+    asked: list[str] = []
+
+    def prompt(questions: list[dict], answers: dict) -> dict:
+        (question,) = questions
+        name = question["name"]
+        if question["when"](answers):
+            asked.append(name)
+        return {name: answers[name]}
+
+    monkeypatch.setattr("copier._main.unsafe_prompt", prompt)
+    return asked
 
 
 def rendered_files(project: Path) -> list[Path]:

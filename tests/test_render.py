@@ -9,6 +9,7 @@ import re
 import tomllib
 from pathlib import Path
 
+import copier
 import psycopg
 import pytest
 import yaml
@@ -16,11 +17,13 @@ from psycopg import sql
 
 from testkit.cluster import Cluster
 from testkit.project import (
+    COPIER_LOCK,
     REPO,
     VARIANTS,
     Variant,
     choices,
     questions,
+    record_prompts,
     render,
     rendered_files,
     run,
@@ -293,5 +296,69 @@ def test_a_schema_named_for_a_reserved_setting_prefix_is_refused(
 
 def test_every_question_has_a_validator_or_fixed_choices() -> None:
     for name, spec in questions().items():
-        assert "validator" in spec or "choices" in spec, f"{name} accepts anything"
+        bounded = "validator" in spec or "choices" in spec or spec.get("type") == "bool"
+        assert bounded, f"{name} accepts anything"
         assert spec.get("help"), f"{name} has no help text"
+
+
+# What each worker style is asked besides worker_style: the wake-up questions only where the
+# database POSTs to the worker (python LISTENs or polls), the transport only of Python workers,
+# the function's name only of the edge worker.
+EVERY_STYLE = {
+    "project_name",
+    "project_slug",
+    "package_name",
+    "queue_schema",
+    "max_attempts",
+    "lease_seconds",
+    "sweep_schedule",
+    "retention_days",
+}
+WAKE_UP = {"worker_url", "worker_url_setting", "service_key_setting"}
+ASKED = {
+    "python": EVERY_STYLE | {"claim_transport"},
+    "python-http": EVERY_STYLE | {"claim_transport"} | WAKE_UP,
+    "edge": EVERY_STYLE | {"edge_function_name"} | WAKE_UP,
+}
+
+
+@pytest.mark.parametrize("style", choices("worker_style"))
+def test_each_worker_style_is_asked_only_the_questions_it_uses(
+    template: Path, tmp_path: Path, style: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked = record_prompts(monkeypatch)
+    with COPIER_LOCK:
+        copier.run_copy(
+            str(template),
+            str(tmp_path / "app"),
+            data={"worker_style": style},
+            unsafe=True,
+            vcs_ref="HEAD",
+            quiet=True,
+        )
+    assert sorted(asked) == sorted(ASKED[style]), "each question it uses, once"
+    # what was not asked is not recorded either: an update does not carry it along
+    recorded = yaml.safe_load((tmp_path / "app/.copier-answers.yml").read_text())
+    assert {k for k in recorded if not k.startswith("_")} == ASKED[style] | {"worker_style"}
+
+
+def test_the_databases_messages_name_the_templates_pages_by_url(
+    template: Path, tmp_path: Path
+) -> None:
+    """docs/ is the template repo's, not the project's: a notice or error of the queue's
+    migrations and functions that points there gives the full URL. Released migrations never
+    change, so the one such path 1.0.0 shipped (RELEASED_DOC_PATHS) stays, and no other."""
+    for baseline in ("0.1.0", "1.0.0"):
+        project = render(template, tmp_path / baseline, queue_baseline=baseline)
+        for migration in (project / "supabase/migrations").glob("*.sql"):
+            code = re.sub(r"--[^\n]*", "", migration.read_text())
+            strings = re.findall(r"'((?:[^']|'')*)'", code)
+            relative = [s for s in strings if re.search(r"(?<![/\w])docs/[\w/-]+\.md", s)]
+            shipped = RELEASED_DOC_PATHS.get(migration.name.split("_", 1)[1], [])
+            assert relative == shipped, f"{migration.name} names the template's docs by a path"
+
+
+# 1.0.0's notice that pg_net's tables stay readable, in its baseline and its step from 0.1.0
+RELEASED_DOC_PATHS = {
+    name: ["docs/security.md"] for name in ("pgqueue_1_0_0.sql", "pgqueue_1_0_0_from_0_1_0.sql")
+}

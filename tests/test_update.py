@@ -5,7 +5,9 @@ snapshot the working tree into a git repo, tag it, and commit a second release o
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,8 +24,10 @@ from testkit.cluster import free_port
 from testkit.hosted import start_hosted_cluster
 from testkit.project import (
     COPIER_LOCK,
+    REPO,
     commit_everything,
     push_migrations,
+    record_prompts,
     release_refs,
     release_version,
     render,
@@ -214,6 +218,152 @@ def test_update_to_another_transport_renders_the_new_variant(
     run(["ruff", "format", "--check", "."], cwd=project)
 
 
+WAKE_UP_DEFAULTS = {
+    "worker_url_setting": "app.pgqueue_worker_url",
+    "service_key_setting": "app.pgqueue_wake_secret",
+}
+
+
+def config_changes(project: Path, generated: set[Path]) -> dict:
+    """What the migration the update task added configures (its marker line)."""
+    (added,) = set((project / MIGRATIONS_DIR).iterdir()) - generated
+    marker = "-- pgqueue-template config: "
+    (line,) = [x for x in added.read_text().splitlines() if x.startswith(marker)]
+    return json.loads(line.removeprefix(marker))
+
+
+def test_switching_to_a_style_the_database_posts_to_asks_the_wake_up_questions(
+    template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A python project is not asked where wake-ups go; switched to python-http, it is asked
+    just that (the other answers kept), and the database gets the new URL."""
+    project = render_repo(template, tmp_path / "app", "generated polling")
+    assert not WAKE_UP_DEFAULTS.keys() & recorded_answers(project).keys()
+    generated = set((project / MIGRATIONS_DIR).iterdir())
+    asked = record_prompts(monkeypatch)
+    with COPIER_LOCK:
+        copier.run_update(
+            str(project),
+            data={"worker_style": "python-http"},
+            skip_answered=True,
+            overwrite=True,
+            unsafe=True,
+            vcs_ref="HEAD",
+            quiet=True,
+            conflict="rej",
+        )
+    assert sorted(asked) == ["service_key_setting", "worker_url", "worker_url_setting"]
+    assert (project / "src/my_app/app.py").exists(), "the HTTP worker"
+    assert not [p for p in rendered_files(project) if p.suffix == ".rej"]
+    url = "http://host.docker.internal:8000/wake"
+    assert recorded_answers(project) | WAKE_UP_DEFAULTS == recorded_answers(project)
+    assert recorded_answers(project)["worker_url"] == url
+    assert config_changes(project, generated) == {"worker_url": url}
+
+
+def test_switching_to_the_python_style_gives_the_wake_up_answers_their_defaults(
+    template: Path, tmp_path: Path
+) -> None:
+    """Back to a worker that LISTENs or polls: the database stops POSTing (no URL), and the
+    setting names are a new python project's."""
+    project = render_repo(
+        template, tmp_path / "app", "generated", **RELEASE_ANSWERS["python-http-custom"]
+    )
+    generated = set((project / MIGRATIONS_DIR).iterdir())
+    update(project, "HEAD", worker_style="python")
+    assert not (project / "src/my_app/app.py").exists()
+    assert not [p for p in rendered_files(project) if p.suffix == ".rej"]
+    assert not WAKE_UP_DEFAULTS.keys() & recorded_answers(project).keys()
+    assert "worker_url" not in recorded_answers(project)
+    assert config_changes(project, generated) == {"worker_url": ""} | WAKE_UP_DEFAULTS
+
+
+def copier_cli(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess:
+    """Copier's command line as a user runs it (not quiet), its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "copier", *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+
+
+def test_copy_and_update_from_a_release_print_no_warning(releases: Path, tmp_path: Path) -> None:
+    copy = copier_cli(
+        "copy", "--trust", "--defaults", releases, "app", "--vcs-ref", "v1.0.0", cwd=tmp_path
+    )
+    project = tmp_path / "app"
+    said = [line for line in copy.stderr.splitlines() if line.strip()]
+    assert said[0] == "Copying from template version 1.0.0", copy.stderr
+    assert not [line for line in said if "warn" in line.lower() or "tags" in line], copy.stderr
+    run(["git", "init", "-q", "-b", "main"], cwd=project)
+    commit_everything(project, "generated")
+
+    updated = copier_cli("update", "--trust", "--defaults", cwd=project)
+    said = [line for line in updated.stderr.splitlines() if line.strip()]
+    # Copier names each migration it runs (README.md says what this one is); nothing else
+    assert said[0] == "Updating to template version 1.1.0", updated.stderr
+    assert [line.split(":")[0] for line in said[1:]] == [" > Running task 1 of 1"], said
+    assert "report_conflicts.py" in said[1]
+    assert "_commit: v1.1.0" in (project / ".copier-answers.yml").read_text()
+
+
+def test_a_copy_from_a_relative_path_says_how_to_update_and_the_fix_works(
+    releases: Path, tmp_path: Path
+) -> None:
+    copy = copier_cli("copy", "--trust", "--defaults", releases.name, "app", cwd=releases.parent)
+    project = releases.parent / "app"
+    assert 'records the template as "template", a path\nrelative' in copy.stderr
+    run(["git", "init", "-q", "-b", "main"], cwd=project)
+    commit_everything(project, "generated")
+    # what the note and the README warn of: from inside the project, Copier does not find it
+    refused = subprocess.run(
+        [sys.executable, "-m", "copier", "update", "--trust", "--defaults"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode != 0
+    assert "Updating is only supported in git-tracked templates." in refused.stderr
+    # the fix they give: the template's absolute path in _src_path, committed
+    answers = project / ".copier-answers.yml"
+    answers.write_text(answers.read_text().replace("_src_path: template", f"_src_path: {releases}"))
+    commit_everything(project, "the template by its absolute path")
+    copier_cli("update", "--trust", "--defaults", cwd=project)
+    assert "_commit: v1.1.0" in answers.read_text()
+
+
+@pytest.mark.parametrize("conflict", ["inline", "rej"])
+def test_an_update_with_conflicts_names_the_files_left_to_resolve(
+    releases: Path, tmp_path: Path, conflict: str, capfd: pytest.CaptureFixture
+) -> None:
+    project = render_repo(releases, tmp_path / "app", "generated at 1.0.0", vcs_ref="v1.0.0")
+    config = project / "supabase/config.toml"
+    config.write_text(config.read_text() + "\n# our own last line\n")  # where 1.1.0 adds one
+    commit_everything(project, "our config")
+    capfd.readouterr()
+    with COPIER_LOCK:
+        copier.run_update(
+            str(project),
+            defaults=True,
+            overwrite=True,
+            unsafe=True,
+            vcs_ref="v1.1.0",
+            quiet=True,
+            conflict=conflict,
+        )
+    err = capfd.readouterr().err
+    if conflict == "inline":
+        assert "<<<<<<< before updating" in config.read_text()
+        assert "left conflict markers in 1 file:\n  supabase/config.toml\n" in err, err
+    else:
+        assert (project / "supabase/config.toml.rej").exists()
+        assert "could not apply 1 change, kept in:\n  supabase/config.toml.rej\n" in err, err
+    assert "README.md (Taking template releases)" in err
+
+
 # --- The release rule, and updates from the release on a live database ---------------------
 
 RELEASES = release_refs()
@@ -286,9 +436,10 @@ def expected_config(answers: dict) -> dict:
         "lease_seconds": answers["lease_seconds"],
         "retention_days": answers["retention_days"],
         "dead_letter_retention_days": answers["retention_days"] * 4,
-        "worker_url": answers["worker_url"] or None,
-        "worker_url_setting": answers["worker_url_setting"],
-        "service_key_setting": answers["service_key_setting"],
+        # not asked of the python style, which gets the defaults
+        "worker_url": answers.get("worker_url") or None,
+        "worker_url_setting": answers.get("worker_url_setting", "app.pgqueue_worker_url"),
+        "service_key_setting": answers.get("service_key_setting", "app.pgqueue_wake_secret"),
         "sweep_schedule": answers["sweep_schedule"],
         # a NOTIFY only where workers LISTEN: the postgres transport's
         "notify_listeners": answers["worker_style"] != "edge"
@@ -329,6 +480,7 @@ UPGRADES = {
     "defaults-answers-changed": (
         {},
         {
+            "worker_style": "python-http",  # which the database POSTs to: asked its URL
             "claim_transport": "postgres",
             "max_attempts": 8,
             "lease_seconds": 900,
@@ -482,6 +634,13 @@ def test_answers_that_cannot_change_on_update_are_refused(
     template: Path, tmp_path: Path, answer: str, value: str, message: str
 ) -> None:
     project = render_repo(template, tmp_path / "app", "generated")
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=message) as refused:
         update(project, "HEAD", **{answer: value})
     assert run(["git", "status", "--porcelain"], cwd=project) == "", "nothing was written"
+    # the page it names is a full URL (docs/ is the template's, not in the project), and the
+    # section it names is on that page
+    (page, section) = re.findall(
+        r"https://github.com/org/pgqueue-template/blob/main/(\S+\.md)#([a-z-]+)", str(refused.value)
+    )[0]
+    headings = re.findall(r"^#+ (.+)$", (REPO / page).read_text(), re.M)
+    assert section in {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-") for h in headings}

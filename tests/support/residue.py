@@ -86,10 +86,14 @@ def _whitespace(text: str) -> Iterator[tuple[int, str]]:
 def _markdown(text: str, wrapping: bool) -> Iterator[tuple[int, str]]:
     lines = text.split("\n")[:-1]
     fenced = False
+    commented = False  # an HTML comment (the doc tests' markers before examples): not prose
     headings: list[tuple[int, int]] = []  # (line index, level)
     for i, line in enumerate(lines):
         before = lines[i - 1] if i else ""
         after = lines[i + 1] if i + 1 < len(lines) else ""
+        if not fenced and (commented or line.lstrip().startswith("<!--")):
+            commented = "-->" not in line
+            continue
         if line.strip().startswith("```"):
             if not fenced and before.strip():
                 yield i + 1, "code fence opens without a blank line before it"

@@ -1,0 +1,77 @@
+"""The docs' Python examples type-check against the project they describe: each ```python
+block of docs/*.md and of the variant's README becomes a module in a copy of the project's
+handlers/ (the user's code, checked as the project checks it) under the project's own mypy.
+
+A block is the body of an async function, since the examples `await` at the top; a marker
+`<!-- example: first <python> -->` gives the module's imports and the names the block takes
+as given (tests/test_doc_examples.py lists the markers). A renamed method, argument or model
+field then fails here, naming the page and line.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from testkit.project import REPO, variant
+from tests.support.doc_examples import Example, examples
+from tests.support.workers import PACKAGE, Installed
+
+DOC_PAGES = sorted(p for p in (REPO / "docs").glob("*.md") if examples(p, p.name, "python"))
+
+
+def example_module(example: Example) -> str:
+    return (
+        f'"""{example}: an example of the docs."""\n\n'
+        "from __future__ import annotations\n\n"
+        f"{example.first}\n\n"
+        "async def example() -> None:\n"
+        f"{textwrap.indent(example.code, '    ')}"
+    )
+
+
+def type_check(installed: Installed, root: Path, found: list[Example]) -> str:
+    """mypy's complaints about the examples, each line naming its example's page and line."""
+    project = root / "project"
+    shutil.copytree(installed.path, project, ignore=shutil.ignore_patterns(".mypy_cache"))
+    handlers = project / "src" / PACKAGE / "handlers"
+    checked = {}
+    for n, example in enumerate(found):
+        if not example.skipped:
+            (handlers / f"doc_example_{n}.py").write_text(example_module(example))
+            checked[f"doc_example_{n}.py"] = example
+    assert checked, "no example to check"
+    proc = subprocess.run([installed.bin("mypy")], cwd=project, capture_output=True, text=True)
+    return "\n".join(
+        re.sub(r"\S*(doc_example_\d+\.py):(\d+)", lambda m: f"{checked[m[1]]} (+{m[2]})", line)
+        for line in proc.stdout.splitlines()
+        if "doc_example_" in line or (proc.returncode != 0 and "error" in line)
+    )
+
+
+# The postgres transport's projects: the docs import its transport, and the README's example
+# enqueues on a direct connection with psycopg, which they depend on.
+@pytest.mark.parametrize(
+    "installed",
+    [variant("python", "postgres"), variant("python-http", "postgres")],
+    indirect=True,
+    ids=str,
+)
+def test_the_python_examples_type_check(installed: Installed, tmp_path: Path) -> None:
+    found = [e for page in DOC_PAGES for e in examples(page, f"docs/{page.name}", "python")]
+    found += examples(installed.path / "README.md", "README.md", "python")
+    assert type_check(installed, tmp_path, found) == ""
+
+
+@pytest.mark.parametrize("installed", [variant("python", "postgres")], indirect=True, ids=str)
+def test_a_wrong_python_example_fails_naming_its_page(installed: Installed, tmp_path: Path) -> None:
+    first = "from my_app.queue_client import QueueClient\nqueue: QueueClient\n"
+    wrong = Example(
+        "docs/x.md", 12, "await queue.enqueue_job('send_email', {})\n", f"first {first}"
+    )
+    assert "docs/x.md:12" in type_check(installed, tmp_path, [wrong])
