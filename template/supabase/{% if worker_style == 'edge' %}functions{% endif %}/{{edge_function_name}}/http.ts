@@ -8,20 +8,13 @@
 // `GET .../metrics`, with the service key, answers the queue's metrics in Prometheus' text
 // format.
 import { bearerCheck } from "./auth.ts";
+import { type Clock, systemClock } from "./clock.ts";
 import type { HandlerMap } from "./job.ts";
 import { formatPrometheus, PROMETHEUS_CONTENT_TYPE } from "./metrics.ts";
 import type { MetricSample, WorkerQueue } from "./queue.ts";
 import { FUNCTION_NAME, type Settings } from "./settings.ts";
 import { describe } from "./run_job.ts";
-import {
-  type Clock,
-  type Drain,
-  type DrainSummary,
-  type LogEvent,
-  logJson,
-  startDrain,
-  systemClock,
-} from "./worker.ts";
+import { type Drain, type DrainSummary, type LogEvent, logJson, startDrain } from "./worker.ts";
 
 export interface WakeHandlerOptions {
   settings: Settings;
