@@ -82,6 +82,7 @@ def oversized(project: Path) -> list[str]:
     return found
 
 
+@pytest.mark.quick
 def test_oversized_finds_long_modules_and_functions_outside_handlers(tmp_path: Path) -> None:
     long_function = "def long():\n" + "    x = 1\n" * MAX_FUNCTION_LINES
     (tmp_path / "src" / "handlers").mkdir(parents=True)
@@ -101,6 +102,7 @@ def test_oversized_finds_long_modules_and_functions_outside_handlers(tmp_path: P
 
 # Every variant has Python: the worker and its tests, or (edge) the dashboard's package, and
 # the Edge Function's TypeScript with it.
+@pytest.mark.quick
 @pytest.mark.parametrize("variant", VARIANTS, ids=str)
 def test_generated_code_keeps_to_small_modules_and_functions(
     template: Path, tmp_path: Path, variant: Variant
@@ -111,6 +113,7 @@ def test_generated_code_keeps_to_small_modules_and_functions(
     assert oversized(project) == []
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("variant", VARIANTS, ids=str)
 def test_every_variant_renders_cleanly(template: Path, tmp_path: Path, variant: Variant) -> None:
     project = render(template, tmp_path / "app", **variant.answers)
