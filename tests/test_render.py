@@ -158,6 +158,7 @@ def test_oversized_finds_long_modules_and_functions_outside_handlers(tmp_path: P
     ]
 
 
+@pytest.mark.quick
 def test_typescript_functions_are_measured_from_head_to_closing_brace() -> None:
     body = "  x += 1;\n"
     source = (
