@@ -15,6 +15,9 @@ from testkit.stack import wait_for_pg_net
 from tests.support.http_sink import HttpSink
 from tests.support.jobs import job
 
+# The queue's SQL contract: all of it is part of the quick loop (scripts/test --quick).
+pytestmark = pytest.mark.quick
+
 # A field that sends enqueue_many() down its row path: jobs that set anything but kind, payload
 # and queue are stored a row a job in pgqueue.jobs, not as one pgqueue.job_batches row. For the
 # tests of what happens to those rows.

@@ -56,23 +56,85 @@ def assert_clean(project: Path, *, wrapping: bool = True) -> None:
     run(["ruff", "format", "--check", "."], cwd=project)
 
 
-# STYLE.md's sizes for generated Python: modules up to 400 lines, functions up to 60; the
-# user's handlers (handlers/) are theirs to shape.
+# STYLE.md's sizes for generated code: modules up to 400 lines, functions up to 60, in Python
+# and in the Edge Function's TypeScript; the user's handlers (handlers/) are theirs to shape.
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 
+# TypeScript has no parser here (neither Deno nor this venv prints a syntax tree), but the Edge
+# Function is `deno fmt`ed (its own checks fail otherwise), so a function with a block body
+# ends at the first line after its opening brace that is back at its head's indentation: its
+# closing brace. Heads are function declarations, arrow functions assigned to a name,
+# Deno.test() bodies, and members of a class (one indentation step inside it).
+TS_FUNCTION_HEAD = re.compile(
+    r"(?P<indent> *)(?:export )?(?:default )?(?:async )?"
+    r"(?:function\b|Deno\.test\(|(?:const|let) [\w$]+(?:: [^=]+)? = (?:async )?(?:\(|[\w$]+ =>))"
+)
+TS_MEMBER_HEAD = re.compile(
+    r"(?P<indent> *)(?:(?:public|private|protected|static|readonly|override|async|get|set) )*"
+    r"[#\w$]+(?:<[^=]*>)?(?:\(|(?:: [^=]+)? = (?:async )?(?:\(|[\w$]+ =>))"
+)
+TS_CLASS_HEAD = re.compile(r"(?P<indent> *)(?:export )?(?:default )?(?:abstract )?class\b")
+TS_BLOCK_END = re.compile(r"\}[);,]*")
+
+
+def indentation(line: str) -> int:
+    return len(line) - len(line.lstrip(" "))
+
+
+def ts_function_lengths(text: str) -> list[tuple[int, int]]:
+    """(first line, length) of each TypeScript function with a block body in `text`."""
+    lines = text.splitlines()
+    classes: list[int] = []  # the indentation of each class we are inside
+    found = []
+    for i, line in enumerate(lines):
+        if classes and line == " " * classes[-1] + "}":
+            classes.pop()
+        if head := TS_CLASS_HEAD.match(line):
+            classes.append(len(head["indent"]))
+            continue
+        head = TS_FUNCTION_HEAD.match(line)
+        if head is None and classes:
+            head = TS_MEMBER_HEAD.match(line)
+            if head is not None and len(head["indent"]) != classes[-1] + 2:
+                head = None
+        if head is None:
+            continue
+        indent = len(head["indent"])
+        body = i  # the signature may run on over lines until the body's opening brace
+        while not lines[body].endswith("{"):
+            body += 1
+            if body == len(lines) or (
+                lines[body].strip()
+                and indentation(lines[body]) <= indent
+                and not lines[body].lstrip().startswith((")", "}"))
+            ):
+                break  # an expression body: no block to measure
+        else:
+            for j in range(body + 1, len(lines)):
+                if lines[j].strip() and indentation(lines[j]) <= indent:
+                    if indentation(lines[j]) == indent and TS_BLOCK_END.fullmatch(lines[j].strip()):
+                        found.append((i + 1, j - i + 1))
+                    break
+    return found
+
 
 def oversized(project: Path) -> list[str]:
-    """The Python modules over MAX_MODULE_LINES and the functions over MAX_FUNCTION_LINES in a
-    rendered project, handlers/ left out."""
+    """The Python and TypeScript modules over MAX_MODULE_LINES and their functions over
+    MAX_FUNCTION_LINES in a rendered project, handlers/ left out."""
     found = []
-    for path in sorted(project.rglob("*.py")):
+    for path in sorted([*project.rglob("*.py"), *project.rglob("*.ts")]):
         name = path.relative_to(project)
-        if "handlers" in name.parts:
+        if "handlers" in name.parts or "node_modules" in name.parts:
             continue
         text = path.read_text()
         if (lines := len(text.splitlines())) > MAX_MODULE_LINES:
             found.append(f"{name}: {lines} lines")
+        if path.suffix == ".ts":
+            for first, length in ts_function_lengths(text):
+                if length > MAX_FUNCTION_LINES:
+                    found.append(f"{name}:{first}: a function of {length} lines")
+            continue
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 length = (node.end_lineno or node.lineno) - node.lineno + 1
@@ -81,6 +143,7 @@ def oversized(project: Path) -> list[str]:
     return found
 
 
+@pytest.mark.quick
 def test_oversized_finds_long_modules_and_functions_outside_handlers(tmp_path: Path) -> None:
     long_function = "def long():\n" + "    x = 1\n" * MAX_FUNCTION_LINES
     (tmp_path / "src" / "handlers").mkdir(parents=True)
@@ -88,22 +151,50 @@ def test_oversized_finds_long_modules_and_functions_outside_handlers(tmp_path: P
     (tmp_path / "src" / "handlers" / "mine.py").write_text(long_function)
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_it.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    (tmp_path / "worker").mkdir()
+    (tmp_path / "worker" / "drain.ts").write_text("const x = 1;\n" * (MAX_MODULE_LINES + 1))
+    (tmp_path / "worker" / "report.ts").write_text("const x = 1;\n" * MAX_MODULE_LINES)
     assert oversized(tmp_path) == [
         f"src/worker.py:1: long() is {MAX_FUNCTION_LINES + 1} lines",
         f"tests/test_it.py: {MAX_MODULE_LINES + 1} lines",
+        f"worker/drain.ts: {MAX_MODULE_LINES + 1} lines",
     ]
 
 
-# Every variant has Python: the worker and its tests, or (edge) the dashboard's package.
+@pytest.mark.quick
+def test_typescript_functions_are_measured_from_head_to_closing_brace() -> None:
+    body = "  x += 1;\n"
+    source = (
+        "import { z } from 'zod';\n"  # 1
+        f"export async function drain(\n  queue: string,\n): Promise<void> {{\n{body * 3}}}\n"
+        "const short = (n: number) => n + 1;\n"  # 9: an expression body
+        f"const sum = async (n: number) => {{\n{body * 2}}};\n"  # 10
+        "export class Drains {\n"
+        "  private current = 0;\n"
+        "  now = (): number => this.current;\n"
+        f"  wakeUp(): void {{\n  {body}    if (x) {{\n    }}\n  }}\n"  # 17
+        f"  private async begin(\n    wake: string,\n  ): Promise<void> {{\n  {body}  }}\n"  # 22
+        "}\n"
+        f'Deno.test("a drain", async () => {{\n{body}}});\n'  # 28
+        "call(\n  1,\n);\n"
+    )
+    assert ts_function_lengths(source) == [(2, 7), (10, 4), (17, 5), (22, 5), (28, 3)]
+
+
+# Every variant has Python: the worker and its tests, or (edge) the dashboard's package, and
+# the Edge Function's TypeScript with it.
+@pytest.mark.quick
 @pytest.mark.parametrize("variant", VARIANTS, ids=str)
-def test_generated_python_keeps_to_small_modules_and_functions(
+def test_generated_code_keeps_to_small_modules_and_functions(
     template: Path, tmp_path: Path, variant: Variant
 ) -> None:
     project = render(template, tmp_path / "app", **variant.answers)
     assert list(project.rglob("*.py")), "a variant without Python: nothing to check"
+    assert bool(list(project.rglob("*.ts"))) == (not variant.python)
     assert oversized(project) == []
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("variant", VARIANTS, ids=str)
 def test_every_variant_renders_cleanly(template: Path, tmp_path: Path, variant: Variant) -> None:
     project = render(template, tmp_path / "app", **variant.answers)

@@ -31,6 +31,7 @@ def test_only_the_edge_style_has_a_function(template: Path, tmp_path: Path, styl
         assert "functions" not in config
 
 
+@pytest.mark.quick
 def test_edge_function_layout(function_dir: Path) -> None:
     files = {p.relative_to(function_dir).as_posix() for p in rendered_files(function_dir)}
     assert {
@@ -76,6 +77,7 @@ def test_edge_function_imports_only_pinned_npm_packages(function_dir: Path) -> N
             assert local or specifier in config["imports"], f"{source} imports {specifier}"
 
 
+@pytest.mark.quick
 def test_rendered_function_passes_its_own_checks(deno: Deno, function_dir: Path) -> None:
     deno.run("fmt", "--check", cwd=function_dir)
     deno.run("lint", cwd=function_dir)

@@ -70,6 +70,7 @@ def receiver() -> Iterator[HttpSink]:
         yield sink
 
 
+@pytest.mark.quick
 def test_inserted_jobs_wake_the_function_and_all_end_done(
     db: psycopg.Connection, edge_worker: EdgeWorker, receiver: HttpSink
 ) -> None:

@@ -40,6 +40,19 @@ def test_edge_variant_has_no_python_worker(template: Path, tmp_path: Path) -> No
     assert not names & {"src", "tests", ".env.example"}
 
 
+# The quick loop checks one project per worker style this way (a transport each): mypy and a
+# project's own suite take half a minute a variant.
+QUICK_PROJECTS = {variant("python", "postgres"), variant("python-http", "supabase")}
+
+
+@pytest.mark.parametrize(
+    "installed",
+    [
+        pytest.param(v, id=str(v), marks=[pytest.mark.quick] if v in QUICK_PROJECTS else [])
+        for v in PYTHON_VARIANTS
+    ],
+    indirect=True,
+)
 def test_project_passes_ruff_mypy_and_its_own_tests(installed: Installed, stack_env: dict) -> None:
     run([installed.bin("ruff"), "check", "."], cwd=installed.path)
     run([installed.bin("ruff"), "format", "--check", "."], cwd=installed.path)

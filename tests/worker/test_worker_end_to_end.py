@@ -39,6 +39,7 @@ def until_status(db: psycopg.Connection, job_id: int, status: str, **kw) -> dict
     )
 
 
+@pytest.mark.quick
 def test_job_enqueued_with_a_domain_row_runs_once(
     installed: Installed,
     workers: Workers,

@@ -172,6 +172,11 @@ const traceRows = rowsOf<{ id: number; traceparent: string }>("trace contexts", 
  * call is.
  */
 export function adminQueue(api: DataApi) {
+  return { ...jobCalls(api), ...flowControlCalls(api), ...observationCalls(api) };
+}
+
+/** Jobs: adding them, bringing back or cancelling one, reading one. */
+function jobCalls(api: DataApi) {
   return {
     /** Adds a job; its id (the existing job's, when the idempotency key is taken). */
     enqueue: async (kind: string, payload: Json = {}, options: EnqueueOptions = {}) =>
@@ -190,6 +195,34 @@ export function adminQueue(api: DataApi) {
           ...newJobArgs(options),
         })),
       }, jobIds),
+    /**
+     * Brings a dead-lettered or cancelled job back to the queue, due at `runAfter` (default:
+     * now), its attempts counted from 0; false when there is no such job.
+     */
+    retry: (id: number, runAfter?: Date | string) =>
+      api.call("retry", {
+        job_id: id,
+        ...(runAfter === undefined ? {} : { run_after: timestamp(runAfter) }),
+      }, boolean),
+    /**
+     * Cancels a queued or running job (a running one's worker learns it when it next reports);
+     * false when it is neither.
+     */
+    cancel: (id: number) => api.call("cancel", { job_id: id }, boolean),
+    /** One job by id, wherever it is; null for an unknown id (or one pruned). */
+    job: async (id: number): Promise<JobRecord | null> =>
+      (await api.call("job", { job_id: id }, jobRows))[0] ?? null,
+    /** The traceparent each of these live jobs was enqueued with, for those that have one. */
+    traceContexts: async (ids: readonly number[]) => {
+      const rows = await api.call("trace_contexts", { job_ids: ids }, traceRows);
+      return new Map(rows.map(({ id, traceparent }) => [id, traceparent]));
+    },
+  };
+}
+
+/** Flow control: pauses, limits, recurring jobs and the queue's configuration. */
+function flowControlCalls(api: DataApi) {
+  return {
     /**
      * At most `maxRunning` (1 to 100,000) jobs of `concurrencyKey` run at once, across all
      * workers; null removes the key's own limit. Returns the limit now in force (null: none).
@@ -218,23 +251,15 @@ export function adminQueue(api: DataApi) {
       api.call("schedule", { name, cron, kind, payload, queue }, jobId),
     /** Stops a recurring job (its queued jobs stay); false when there was none. */
     unschedule: (name: string) => api.call("unschedule", { name }, boolean),
-    /**
-     * Brings a dead-lettered or cancelled job back to the queue, due at `runAfter` (default:
-     * now), its attempts counted from 0; false when there is no such job.
-     */
-    retry: (id: number, runAfter?: Date | string) =>
-      api.call("retry", {
-        job_id: id,
-        ...(runAfter === undefined ? {} : { run_after: timestamp(runAfter) }),
-      }, boolean),
-    /**
-     * Cancels a queued or running job (a running one's worker learns it when it next reports);
-     * false when it is neither.
-     */
-    cancel: (id: number) => api.call("cancel", { job_id: id }, boolean),
-    /** One job by id, wherever it is; null for an unknown id (or one pruned). */
-    job: async (id: number): Promise<JobRecord | null> =>
-      (await api.call("job", { job_id: id }, jobRows))[0] ?? null,
+    /** Changes the settings in `changes` (none: only reads); the whole configuration. */
+    configure: (changes: Record<string, Json> = {}) =>
+      api.call("configure", { changes }, configuration),
+  };
+}
+
+/** What the queue holds and does: its views, metrics, throughput and health. */
+function observationCalls(api: DataApi) {
+  return {
     /** The recurring jobs and their pg_cron state (the `schedules` view). */
     schedules: () => api.read("schedules", rowsOf<Schedule>("schedules", {})),
     /** Each queue with jobs or a state: paused, rate limit, queued and running jobs. */
@@ -250,14 +275,6 @@ export function adminQueue(api: DataApi) {
     throughput: (minutes = 30) => api.call("throughput", { minutes }, throughputRows),
     /** What wake-ups and rescues depend on (pg_net, the worker's URL and key), each ok or not. */
     health: () => api.call("health", {}, healthRows),
-    /** The traceparent each of these live jobs was enqueued with, for those that have one. */
-    traceContexts: async (ids: readonly number[]) => {
-      const rows = await api.call("trace_contexts", { job_ids: ids }, traceRows);
-      return new Map(rows.map(({ id, traceparent }) => [id, traceparent]));
-    },
-    /** Changes the settings in `changes` (none: only reads); the whole configuration. */
-    configure: (changes: Record<string, Json> = {}) =>
-      api.call("configure", { changes }, configuration),
   };
 }
 

@@ -108,27 +108,9 @@ export function dataApi(connection: QueueConnection): DataApi {
   });
   const db = client.schema(connection.schema);
 
-  /** `name` is the function, e.g. "enqueue()", or the view read. */
-  function failure(name: string, error: { message: string; code?: string; hint?: string }) {
-    return new QueueError(
-      `${connection.schema}.${name} failed through ${connection.supabaseUrl}: ${error.message}` +
-        (error.hint ? ` (hint: ${error.hint})` : ""),
-      name,
-      error.code ?? "",
-      error.message,
-      error.hint ?? "",
-    );
-  }
-
-  function checked<T>(name: string, data: unknown, expected: Shape<T>): T {
-    if (expected.is(data)) return data;
-    const got = JSON.stringify(data)?.slice(0, 200) ?? String(data);
-    throw failure(name, {
-      message: `returned ${got}, not ${expected.expected}: are the project's migrations ` +
-        `applied to this database, and is ${connection.schema} the queue's schema?`,
-    });
-  }
-
+  const failure = (name: string, error: ApiError) => failed(connection, name, error);
+  const checked = <T>(name: string, data: unknown, expected: Shape<T>) =>
+    checkedAnswer(connection, name, data, expected);
   return {
     async call(fn, args, expected, signal) {
       const name = `${fn}()`;
@@ -158,4 +140,33 @@ export function dataApi(connection: QueueConnection): DataApi {
       return rows;
     },
   };
+}
+
+type ApiError = { message: string; code?: string; hint?: string };
+
+/** `name` is the function, e.g. "enqueue()", or the view read. */
+function failed(connection: QueueConnection, name: string, error: ApiError): QueueError {
+  return new QueueError(
+    `${connection.schema}.${name} failed through ${connection.supabaseUrl}: ${error.message}` +
+      (error.hint ? ` (hint: ${error.hint})` : ""),
+    name,
+    error.code ?? "",
+    error.message,
+    error.hint ?? "",
+  );
+}
+
+/** `data` if it has the shape `expected`, or a QueueError that says what came instead. */
+function checkedAnswer<T>(
+  connection: QueueConnection,
+  name: string,
+  data: unknown,
+  expected: Shape<T>,
+): T {
+  if (expected.is(data)) return data;
+  const got = JSON.stringify(data)?.slice(0, 200) ?? String(data);
+  throw failed(connection, name, {
+    message: `returned ${got}, not ${expected.expected}: are the project's migrations ` +
+      `applied to this database, and is ${connection.schema} the queue's schema?`,
+  });
 }

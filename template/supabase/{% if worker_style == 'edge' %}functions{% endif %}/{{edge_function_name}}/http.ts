@@ -8,20 +8,13 @@
 // `GET .../metrics`, with the service key, answers the queue's metrics in Prometheus' text
 // format.
 import { bearerCheck } from "./auth.ts";
+import { type Clock, systemClock } from "./clock.ts";
 import type { HandlerMap } from "./job.ts";
 import { formatPrometheus, PROMETHEUS_CONTENT_TYPE } from "./metrics.ts";
 import type { MetricSample, WorkerQueue } from "./queue.ts";
 import { FUNCTION_NAME, type Settings } from "./settings.ts";
 import { describe } from "./run_job.ts";
-import {
-  type Clock,
-  type Drain,
-  type DrainSummary,
-  type LogEvent,
-  logJson,
-  startDrain,
-  systemClock,
-} from "./worker.ts";
+import { type Drain, type DrainSummary, type LogEvent, logJson, startDrain } from "./worker.ts";
 
 export interface WakeHandlerOptions {
   settings: Settings;
@@ -61,101 +54,16 @@ function edgeRuntimeWaitUntil(): ((work: Promise<unknown>) => void) | undefined 
 export function createWakeHandler(
   options: WakeHandlerOptions,
 ): (request: Request) => Promise<Response> {
-  const { settings, handlers } = options;
   const log = options.log ?? logJson;
   const waitUntil = options.waitUntil ?? edgeRuntimeWaitUntil();
-  const clock = options.clock ?? systemClock;
-  const isolateStartedAt = options.isolateStartedAt ?? 0;
-  // Metrics are read with their own token, or a service key when there is none; a wake-up
-  // presents the wake-up secret only.
-  const isScraper = bearerCheck(
-    settings.metricsToken ? [settings.metricsToken] : settings.serviceKeys,
-  );
-  const scrapeWith = settings.metricsToken
-    ? "`Authorization: Bearer <metrics token>` (PGQUEUE_METRICS_TOKEN)"
-    : "`Authorization: Bearer <service key>` (the key this function runs with)";
-  const isWakeUp = bearerCheck([settings.wakeSecret]);
   const workerId = `${FUNCTION_NAME}:${crypto.randomUUID().slice(0, 8)}`;
-  // The drain under way, with its work as handed to waitUntil; and the wake-ups that came
-  // while it wound down, for the drain that starts when it ends.
-  let current: { drain: Drain; work: Promise<void> } | undefined;
-  let next: { queues: Set<string>; reasons: string[]; work: Promise<void> } | undefined;
-  let unloading = false;
+  const drains = new Drains(options, workerId, log);
   (options.onUnload ?? ((listener) => addEventListener("beforeunload", listener)))(() => {
-    unloading = true;
-    current?.drain.unload();
+    drains.unload();
   });
-
-  function begin(wake: Wake): { drain: Drain; work: Promise<void> } {
-    const drain = startDrain(wake.queues, {
-      queue: options.queue,
-      handlers,
-      workerId,
-      batchSize: settings.batchSize,
-      maxJobsInFlight: settings.maxJobsInFlight,
-      leaseSeconds: settings.leaseSeconds,
-      timeBudgetMs: settings.timeBudgetMs,
-      wallClockLimitMs: settings.wallClockLimitMs,
-      isolateStartedAt,
-      lingerMs: settings.lingerMs,
-      lingerPollMs: settings.lingerPollMs,
-      clock,
-      log,
-    });
-    if (unloading) drain.unload();
-    const work = drain.done.then((summary) => {
-      log({ event: "drain.end", reason: wake.reason, queues: drain.queues, ...summary });
-      options.onDrained?.(summary);
-    }).catch((error) => log({ event: "drain.error", error: describe(error) }))
-      .finally(() => {
-        if (current?.drain === drain) current = undefined;
-      });
-    current = { drain, work };
-    return current;
-  }
-
-  /** Joins the drain under way, or starts one; the work to hand to waitUntil. */
-  function wakeUp(wake: Wake): { work: Promise<void>; joined: boolean } {
-    if (current === undefined) return { work: begin(wake).work, joined: false };
-    if (current.drain.join(wake.queues)) return { work: current.work, joined: true };
-    // The drain under way stopped claiming and is reporting its last jobs: the next one
-    // starts when it ends, with every wake-up that came meanwhile.
-    if (next === undefined) {
-      const queues = new Set(wake.queues);
-      const reasons = [wake.reason];
-      const work = current.work.then(() => {
-        next = undefined;
-        return begin({ reason: reasons.join(","), queues: [...queues] }).work;
-      });
-      next = { queues, reasons, work };
-    } else {
-      for (const queue of wake.queues) next.queues.add(queue);
-      next.reasons.push(wake.reason);
-    }
-    return { work: next.work, joined: true };
-  }
-
-  async function serveMetrics(request: Request): Promise<Response> {
-    if (!(await isScraper(request.headers.get("authorization")))) {
-      return reply(401, {
-        error: `Unauthorized: scrape with ${scrapeWith}.`,
-      }, { "WWW-Authenticate": 'Bearer realm="metrics"' });
-    }
-    if (!options.metrics) {
-      return reply(404, { error: "This handler was created without a metrics source." });
-    }
-    try {
-      const samples = await options.metrics();
-      return new Response(formatPrometheus(samples), {
-        status: 200,
-        headers: { "Content-Type": PROMETHEUS_CONTENT_TYPE },
-      });
-    } catch (error) {
-      // A failed scrape (not an empty one), so that Prometheus marks the target down.
-      log({ event: "metrics.error", error: describe(error) });
-      return reply(503, { error: `Cannot read the queue's metrics: ${describe(error, false)}` });
-    }
-  }
+  const serveMetrics = metricsEndpoint(options, log);
+  // A wake-up presents the wake-up secret only.
+  const isWakeUp = bearerCheck([options.settings.wakeSecret]);
 
   return async (request) => {
     if (request.method === "GET" && new URL(request.url).pathname.endsWith("/metrics")) {
@@ -180,9 +88,123 @@ export function createWakeHandler(
       return reply(400, { error: (error as Error).message });
     }
 
-    const { work, joined } = wakeUp(wake);
+    const { work, joined } = drains.wakeUp(wake);
     waitUntil?.(work);
     return reply(202, { accepted: true, queues: wake.queues, worker: workerId, joined });
+  };
+}
+
+/**
+ * The instance's drains, one at a time: a wake-up joins the drain under way, or, while that
+ * one winds down, waits with the others that come meanwhile for the next.
+ */
+class Drains {
+  private readonly options: WakeHandlerOptions;
+  private readonly workerId: string;
+  private readonly log: (event: LogEvent) => void;
+  // The drain under way, with its work as handed to waitUntil; and the wake-ups that came
+  // while it wound down, for the drain that starts when it ends.
+  private current: { drain: Drain; work: Promise<void> } | undefined;
+  private next: { queues: Set<string>; reasons: string[]; work: Promise<void> } | undefined;
+  private unloading = false;
+
+  constructor(options: WakeHandlerOptions, workerId: string, log: (event: LogEvent) => void) {
+    this.options = options;
+    this.workerId = workerId;
+    this.log = log;
+  }
+
+  /** The runtime is unloading the function: the drain under way, and any later, stop. */
+  unload(): void {
+    this.unloading = true;
+    this.current?.drain.unload();
+  }
+
+  /** Joins the drain under way, or starts one; the work to hand to waitUntil. */
+  wakeUp(wake: Wake): { work: Promise<void>; joined: boolean } {
+    const current = this.current;
+    if (current === undefined) return { work: this.begin(wake).work, joined: false };
+    if (current.drain.join(wake.queues)) return { work: current.work, joined: true };
+    // The drain under way stopped claiming and is reporting its last jobs: the next one
+    // starts when it ends, with every wake-up that came meanwhile.
+    if (this.next === undefined) {
+      const queues = new Set(wake.queues);
+      const reasons = [wake.reason];
+      const work = current.work.then(() => {
+        this.next = undefined;
+        return this.begin({ reason: reasons.join(","), queues: [...queues] }).work;
+      });
+      this.next = { queues, reasons, work };
+    } else {
+      for (const queue of wake.queues) this.next.queues.add(queue);
+      this.next.reasons.push(wake.reason);
+    }
+    return { work: this.next.work, joined: true };
+  }
+
+  private begin(wake: Wake): { drain: Drain; work: Promise<void> } {
+    const { settings } = this.options;
+    const drain = startDrain(wake.queues, {
+      queue: this.options.queue,
+      handlers: this.options.handlers,
+      workerId: this.workerId,
+      batchSize: settings.batchSize,
+      maxJobsInFlight: settings.maxJobsInFlight,
+      leaseSeconds: settings.leaseSeconds,
+      timeBudgetMs: settings.timeBudgetMs,
+      wallClockLimitMs: settings.wallClockLimitMs,
+      isolateStartedAt: this.options.isolateStartedAt ?? 0,
+      lingerMs: settings.lingerMs,
+      lingerPollMs: settings.lingerPollMs,
+      clock: this.options.clock ?? systemClock,
+      log: this.log,
+    });
+    if (this.unloading) drain.unload();
+    const work = drain.done.then((summary) => {
+      this.log({ event: "drain.end", reason: wake.reason, queues: drain.queues, ...summary });
+      this.options.onDrained?.(summary);
+    }).catch((error) => this.log({ event: "drain.error", error: describe(error) }))
+      .finally(() => {
+        if (this.current?.drain === drain) this.current = undefined;
+      });
+    this.current = { drain, work };
+    return this.current;
+  }
+}
+
+/** `GET .../metrics`: the queue's metrics, for a scraper that presents its token. */
+function metricsEndpoint(
+  options: WakeHandlerOptions,
+  log: (event: LogEvent) => void,
+): (request: Request) => Promise<Response> {
+  const { settings } = options;
+  // Metrics are read with their own token, or a service key when there is none.
+  const isScraper = bearerCheck(
+    settings.metricsToken ? [settings.metricsToken] : settings.serviceKeys,
+  );
+  const scrapeWith = settings.metricsToken
+    ? "`Authorization: Bearer <metrics token>` (PGQUEUE_METRICS_TOKEN)"
+    : "`Authorization: Bearer <service key>` (the key this function runs with)";
+  return async (request) => {
+    if (!(await isScraper(request.headers.get("authorization")))) {
+      return reply(401, {
+        error: `Unauthorized: scrape with ${scrapeWith}.`,
+      }, { "WWW-Authenticate": 'Bearer realm="metrics"' });
+    }
+    if (!options.metrics) {
+      return reply(404, { error: "This handler was created without a metrics source." });
+    }
+    try {
+      const samples = await options.metrics();
+      return new Response(formatPrometheus(samples), {
+        status: 200,
+        headers: { "Content-Type": PROMETHEUS_CONTENT_TYPE },
+      });
+    } catch (error) {
+      // A failed scrape (not an empty one), so that Prometheus marks the target down.
+      log({ event: "metrics.error", error: describe(error) });
+      return reply(503, { error: `Cannot read the queue's metrics: ${describe(error, false)}` });
+    }
   };
 }
 

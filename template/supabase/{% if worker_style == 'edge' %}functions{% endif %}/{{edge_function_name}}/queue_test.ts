@@ -72,7 +72,7 @@ function answerOfItsShape(path: string): unknown {
   return 1;
 }
 
-Deno.test("each method calls its SQL function with its named arguments", async () => {
+Deno.test("each job call sends its SQL function's named arguments", async () => {
   await withApi(answerOfItsShape, async (queue, got) => {
     await queue.enqueue("send_email", { to: "a@example.com" });
     await queue.enqueue("sync.crm", { account: 42 }, {
@@ -85,20 +85,9 @@ Deno.test("each method calls its SQL function with its named arguments", async (
       onConflict: "debounce",
       traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
     });
-    await queue.setConcurrencyLimit("tenant-42", 2);
-    await queue.setConcurrencyLimit("tenant-42", null);
-    await queue.pause("emails");
-    await queue.resume("emails");
-    await queue.setRateLimit("webhooks", 50, 100);
-    await queue.setRateLimit("webhooks", null);
-    await queue.schedule("nightly", "0 3 * * *", "report.nightly");
-    await queue.unschedule("nightly");
     await queue.complete(claimed, { rows: 3 });
     await queue.complete(claimed);
     await queue.progress(claimed, { done: 1 });
-    await queue.configure({ max_result_bytes: 1024 });
-    await queue.throughput();
-    await queue.throughput(60);
     await queue.retry(7);
     await queue.retry(7, new Date("2026-01-02T00:00:00Z"));
     await queue.cancel(7);
@@ -119,6 +108,33 @@ Deno.test("each method calls its SQL function with its named arguments", async (
         traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
         on_conflict: "debounce",
       }],
+      ["rpc/complete", { job_id: 7, lock_token: claimed.lock_token, result: { rows: 3 } }],
+      ["rpc/complete", { job_id: 7, lock_token: claimed.lock_token, result: null }],
+      ["rpc/progress", { job_id: 7, lock_token: claimed.lock_token, progress: { done: 1 } }],
+      ["rpc/retry", { job_id: 7 }],
+      ["rpc/retry", { job_id: 7, run_after: "2026-01-02T00:00:00.000Z" }],
+      ["rpc/cancel", { job_id: 7 }],
+    ]);
+  });
+});
+
+Deno.test("each flow-control call sends its SQL function's named arguments", async () => {
+  await withApi(answerOfItsShape, async (queue, got) => {
+    await queue.setConcurrencyLimit("tenant-42", 2);
+    await queue.setConcurrencyLimit("tenant-42", null);
+    await queue.pause("emails");
+    await queue.resume("emails");
+    await queue.setRateLimit("webhooks", 50, 100);
+    await queue.setRateLimit("webhooks", null);
+    await queue.schedule("nightly", "0 3 * * *", "report.nightly");
+    await queue.unschedule("nightly");
+    await queue.configure({ max_result_bytes: 1024 });
+    await queue.throughput();
+    await queue.throughput(60);
+
+    assert.ok(got.every((request) => request.method === "POST"));
+    assert.ok(got.every((request) => request.schema === "jobs_schema"));
+    assert.deepEqual(got.map(({ path, body }) => [path, body]), [
       ["rpc/set_concurrency_limit", { concurrency_key: "tenant-42", max_running: 2 }],
       ["rpc/set_concurrency_limit", { concurrency_key: "tenant-42", max_running: null }],
       ["rpc/pause", { queue: "emails" }],
@@ -133,15 +149,9 @@ Deno.test("each method calls its SQL function with its named arguments", async (
         queue: "default",
       }],
       ["rpc/unschedule", { name: "nightly" }],
-      ["rpc/complete", { job_id: 7, lock_token: claimed.lock_token, result: { rows: 3 } }],
-      ["rpc/complete", { job_id: 7, lock_token: claimed.lock_token, result: null }],
-      ["rpc/progress", { job_id: 7, lock_token: claimed.lock_token, progress: { done: 1 } }],
       ["rpc/configure", { changes: { max_result_bytes: 1024 } }],
       ["rpc/throughput", { minutes: 30 }],
       ["rpc/throughput", { minutes: 60 }],
-      ["rpc/retry", { job_id: 7 }],
-      ["rpc/retry", { job_id: 7, run_after: "2026-01-02T00:00:00.000Z" }],
-      ["rpc/cancel", { job_id: 7 }],
     ]);
   });
 });

@@ -1,7 +1,16 @@
 // Test helpers (used by the *_test.ts files only): an in-memory queue that follows the SQL
 // functions' rules for claims, leases, lock tokens, attempts, results and progress, a
-// handler's context for tests of one handler, and a clock that tests move.
-import type { Job, JobContext } from "./job.ts";
+// handler's context for tests of one handler, a clock that tests move, and the handlers,
+// options and waits the drain's tests share.
+import assert from "node:assert/strict";
+import { z } from "zod";
+import {
+  defineHandler,
+  type HandlerMap,
+  type Job,
+  type JobContext,
+  PermanentError,
+} from "./job.ts";
 import {
   type Attempt,
   type ClaimedJob,
@@ -14,6 +23,7 @@ import {
   TOO_BIG,
   type WorkerQueue,
 } from "./queue.ts";
+import { type DrainOptions, type DrainSummary, startDrain } from "./worker.ts";
 
 export interface StoredJob extends ClaimedJob {
   status: "queued" | "running" | "done" | "failed";
@@ -220,7 +230,7 @@ export function jobContext(
 }
 
 /**
- * A clock for the drain (worker.ts's Clock): sleeping moves it on at once, a timeout's signal
+ * A clock for the drain (clock.ts's Clock): sleeping moves it on at once, a timeout's signal
  * aborts when the clock passes its time, and so does what a test scheduled with `at()`.
  */
 export class FakeClock {
@@ -253,4 +263,68 @@ export class FakeClock {
   at(time: number, run: () => void): void {
     this.scheduled.push({ at: time, run });
   }
+}
+
+// -- drains ----------------------------------------------------------------------------------
+
+/** The `ok` kind: records each job's `n` in `ran`. */
+export function recordingOk(ran: number[]) {
+  return defineHandler(z.object({ n: z.number() }), ({ n }) => {
+    ran.push(n);
+  });
+}
+
+/**
+ * The kinds drain tests claim: `ok` (payload {n}), `boom` (a plain error, retried), `refused`
+ * (a PermanentError) and `slow` (runs until its signal aborts).
+ */
+export const drainHandlers: HandlerMap = {
+  ok: recordingOk([]),
+  boom: defineHandler(z.object({}), () => {
+    throw new Error("the upstream API is down");
+  }),
+  refused: defineHandler(z.object({}), () => {
+    throw new PermanentError("the account was deleted");
+  }),
+  slow: defineHandler(z.object({}), (_payload, { signal }) =>
+    new Promise((_resolve, reject) => {
+      signal.addEventListener("abort", () => reject(signal.reason));
+    })),
+};
+
+/** A drain's options for tests: batches of 3, a 10 s budget, no linger, no logs. */
+export function drainOptions(
+  queue: MemoryQueue,
+  overrides: Partial<DrainOptions> = {},
+): DrainOptions {
+  return {
+    queue,
+    handlers: drainHandlers,
+    workerId: "test-worker",
+    batchSize: 3,
+    timeBudgetMs: 10_000,
+    wallClockLimitMs: 150_000,
+    lingerPollMs: 100,
+    log: () => {},
+    ...overrides,
+  };
+}
+
+/** A drain of `queues` from start to end. */
+export function drain(queues: readonly string[], options: DrainOptions): Promise<DrainSummary> {
+  return startDrain(queues, options).done;
+}
+
+/** Lets the drain's pending promises run (no time passes on the test's clock). */
+export async function settle(): Promise<void> {
+  for (let turn = 0; turn < 20; turn++) await new Promise((resolve) => setTimeout(resolve, 0));
+}
+
+/** `done`, or a failure naming `what` if it has not settled once the event loop is idle. */
+export async function settledOrFail<T>(done: Promise<T>, what: string): Promise<T> {
+  let settledValue: { value: T } | undefined;
+  done.then((value) => settledValue = { value });
+  await settle();
+  if (settledValue === undefined) throw new assert.AssertionError({ message: what });
+  return settledValue.value;
 }

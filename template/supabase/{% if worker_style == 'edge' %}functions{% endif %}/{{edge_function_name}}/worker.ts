@@ -9,34 +9,12 @@
 // counted, unless it is the job's third release in a row); completions that no claim took
 // along are sent before the drain ends. What a handler returns rides along with its
 // completion as the job's result, once checked against the database's size limit (each job's
-// run: run_job.ts).
+// run: run_job.ts; how each job's end is reported: report.ts).
+import { type Clock, systemClock } from "./clock.ts";
 import type { HandlerMap } from "./job.ts";
-import { PermanentError } from "./job.ts";
-import {
-  type ClaimedJob,
-  type DoneJob,
-  MAX_RESULT_BYTES,
-  QueueError,
-  TOO_BIG,
-  type WorkerQueue,
-} from "./queue.ts";
-import { describe, describeJob, type JobRunContext, ResultError, runJob } from "./run_job.ts";
-/** All the drain's timing: the runtime's by default (systemClock), a fake one in tests. */
-export interface Clock {
-  /** Milliseconds on a monotonic clock (systemClock: since the isolate started). */
-  now(): number;
-  /** Waits `ms`, or less if `signal` aborts first. */
-  sleep(ms: number, signal?: AbortSignal): Promise<void>;
-  /** A signal that aborts with a TimeoutError `ms` from now. */
-  timeout(ms: number): AbortSignal;
-}
-
-export const systemClock: Clock = {
-  now: () => performance.now(),
-  sleep: abortableSleep,
-  timeout: (ms) => AbortSignal.timeout(Math.max(Math.round(ms), 0)),
-};
-
+import type { ClaimedJob, DoneJob, WorkerQueue } from "./queue.ts";
+import { type ReportCounts, Reporter } from "./report.ts";
+import { describe, type JobRunContext, runJob } from "./run_job.ts";
 export interface DrainOptions {
   queue: WorkerQueue;
   handlers: HandlerMap;
@@ -68,34 +46,13 @@ export interface DrainOptions {
 
 export type LogEvent = { event: string } & Record<string, unknown>;
 
-export interface DrainSummary {
+/** What a drain did; the counts of its jobs' ends are ReportCounts' (report.ts). */
+export interface DrainSummary extends ReportCounts {
   /** The wake-ups this drain served: the one that started it and those that joined it. */
   wakeUps: number;
   /** complete_and_claim() calls made. */
   calls: number;
   claimed: number;
-  /**
-   * Jobs that ran to the end and were reported done: along with the next claim, or on their
-   * own when the drain ended. (One whose lease was lost meanwhile is counted too; the
-   * database leaves it to its new owner.)
-   */
-  completed: number;
-  /** Failed attempts that go back to the queue after a backoff. */
-  retried: number;
-  /**
-   * Failed attempts that moved their job to the dead letters (with a permanent error, a
-   * result too large to store, or their last attempt).
-   */
-  deadLettered: number;
-  /**
-   * Jobs handed back to the queue unfinished, their attempt not counted: cut off by the
-   * deadline or by the function's unloading.
-   */
-  released: number;
-  /** Failed jobs whose lease was lost (rescued or cancelled) before they were reported. */
-  stale: number;
-  /** Jobs left running because reporting them failed; the sweeper rescues them. */
-  unreported: number;
   /**
    * Why claiming stopped: the queues stayed empty for the whole linger window, the time
    * budget ran out, the isolate's wall-clock limit was near, the runtime unloaded the
@@ -169,10 +126,7 @@ class QueueDrain implements Drain {
   private stopped = false;
   private interruptPause: AbortController | undefined;
   private cutBatch: AbortController | undefined;
-  // Jobs that ran to the end, not yet reported: the next call takes them along.
-  private finished: DoneJob[] = [];
-  // The largest result the database stores, read when a job first returns one.
-  private resultLimit: Promise<number> | undefined;
+  private readonly reporter: Reporter;
   private readonly checkins: Promise<void>[] = [];
   // The lease the database gives a claim that asks for none, once a claim has shown it.
   private databaseLeaseSeconds: number | undefined;
@@ -191,6 +145,12 @@ class QueueDrain implements Drain {
     this.deadline = Math.min(budgetEnd, isolateDeadline);
     this.deadlineReason = budgetEnd <= isolateDeadline ? "time budget" : "wall-clock limit";
     this.claimSize = Math.min(options.batchSize, options.maxJobsInFlight ?? options.batchSize);
+    this.reporter = new Reporter({
+      queue: options.queue,
+      counts: this.summary,
+      log: this.log,
+      callSignal: () => this.callSignal(),
+    });
     this.checkIn(this.queues);
     this.done = this.run();
   }
@@ -222,7 +182,7 @@ class QueueDrain implements Drain {
     }
     // Part of the drain's work (what the Edge runtime waits for): once that settles, the
     // function may be shut down, and completions not sent by then would be lost.
-    await this.reportFinished();
+    await this.reporter.completeRest((done) => this.call(this.queues[0], 0, done));
     await Promise.all(this.checkins);
     this.summary.elapsedMs = Math.round(this.clock.now() - this.started);
     return this.summary;
@@ -263,12 +223,11 @@ class QueueDrain implements Drain {
         this.drySince = undefined;
         this.summary.claimed += jobs.length;
         const ranToTheEnd = await this.runBatch(jobs, batchStarted);
-        this.finished.push(...ranToTheEnd);
         slowestBatchMs = Math.max(slowestBatchMs, this.clock.now() - batchStarted);
         if (this.clock.now() >= this.deadline) return this.stop(this.deadlineReason);
         // A full batch: more may wait. A short one with jobs to report: they go at once,
         // with one more claim (as cheap as sending them alone), not after a linger pause.
-        if (jobs.length === this.claimSize || ranToTheEnd.length > 0) again.push(queue);
+        if (jobs.length === this.claimSize || ranToTheEnd > 0) again.push(queue);
       }
       active = again;
     }
@@ -306,38 +265,24 @@ class QueueDrain implements Drain {
   }
 
   /** Completes the finished jobs and claims up to `maxJobs` of `queue`, in one call. */
-  private async completeAndClaim(queue: string, maxJobs: number): Promise<ClaimedJob[]> {
-    const call = () => {
-      this.summary.calls += 1;
-      return this.options.queue.completeAndClaim({
-        worker: this.options.workerId,
-        done: this.finished,
-        queue,
-        kinds: this.kinds,
-        maxJobs,
-        // (A call that only completes claims nothing: its lease is moot.)
-        leaseSeconds: maxJobs > 0 ? this.leaseSeconds() : this.options.leaseSeconds,
-        // A claim must answer before the deadline; completions alone, before the isolate ends.
-        signal: this.callSignal(maxJobs > 0 ? this.deadline : this.isolateEnd),
-      });
-    };
-    let jobs: ClaimedJob[];
-    try {
-      jobs = await call();
-    } catch (error) {
-      if (!isTooBig(error) || !this.finished.some(({ result }) => result !== null)) throw error;
-      // The database measures a result as it stores it (jsonb), which can be larger than its
-      // JSON text (a long array of small numbers is), and then refuses the whole call. So
-      // the jobs with a result are reported one at a time, failing the ones refused, and the
-      // others go with the claim as usual.
-      await this.completeOneByOne();
-      jobs = await call();
-    }
-    // Only now: if the call failed, they are still to report (again, which is harmless if
-    // the call went through after all).
-    this.summary.completed += this.finished.length;
-    this.finished = [];
-    return jobs;
+  private completeAndClaim(queue: string, maxJobs: number): Promise<ClaimedJob[]> {
+    return this.reporter.completeWith((done) => this.call(queue, maxJobs, done));
+  }
+
+  /** One complete_and_claim() call: completes `done`, claims up to `maxJobs` of `queue`. */
+  private call(queue: string, maxJobs: number, done: readonly DoneJob[]): Promise<ClaimedJob[]> {
+    this.summary.calls += 1;
+    return this.options.queue.completeAndClaim({
+      worker: this.options.workerId,
+      done,
+      queue,
+      kinds: this.kinds,
+      maxJobs,
+      // (A call that only completes claims nothing: its lease is moot.)
+      leaseSeconds: maxJobs > 0 ? this.leaseSeconds() : this.options.leaseSeconds,
+      // A claim must answer before the deadline; completions alone, before the isolate ends.
+      signal: this.callSignal(maxJobs > 0 ? this.deadline : this.isolateEnd),
+    });
   }
 
   /**
@@ -351,33 +296,17 @@ class QueueDrain implements Drain {
     return lease !== undefined && leftSeconds < lease ? leftSeconds : this.options.leaseSeconds;
   }
 
-  private async completeOneByOne(): Promise<void> {
-    for (const done of this.finished.filter(({ result }) => result !== null)) {
-      try {
-        await this.options.queue.complete(done.job, done.result, this.callSignal());
-        this.summary.completed += 1;
-      } catch (error) {
-        if (!isTooBig(error)) throw error;
-        const refused = new ResultError(
-          `the database refused the handler's result: ${(error as QueueError).reason}`,
-        );
-        await this.reportFailure(done.job, refused);
-      }
-      this.finished = this.finished.filter((other) => other !== done);
-    }
-  }
-
   /**
-   * Runs the batch and reports its failures; returns the jobs that ran to the end. Handlers
+   * Runs the batch and reports its failures; returns how many jobs ran to the end. Handlers
    * are stopped at the deadline and before their lease ends, so each job is reported before
    * the sweeper could hand it to another worker. A job cut off by the deadline (or by the
    * unloading) is released; one that outlived its lease failed.
    */
-  private async runBatch(jobs: ClaimedJob[], batchStarted: number): Promise<DoneJob[]> {
+  private async runBatch(jobs: ClaimedJob[], batchStarted: number): Promise<number> {
     if (this.stopped) {
       // The function is being unloaded: the jobs just claimed go back at once.
-      for (const job of jobs) await this.release(job);
-      return [];
+      for (const job of jobs) await this.reporter.release(job);
+      return 0;
     }
     const leaseMs = shortestLeaseMs(jobs);
     if (this.options.leaseSeconds === undefined && this.databaseLeaseSeconds === undefined) {
@@ -394,85 +323,14 @@ class QueueDrain implements Drain {
       queue: this.options.queue,
       clock: this.clock,
       log: this.log,
-      maxResultBytes: () => this.maxResultBytes(),
+      maxResultBytes: () => this.reporter.maxResultBytes(),
       callSignal: () => this.callSignal(),
     };
     const outcomes = await Promise.all(
       jobs.map((job) => runJob(job, signal, limitMs, context)),
     );
     this.cutBatch = undefined;
-
-    // One failure at a time: each one is a single small UPDATE, and they are rare.
-    const done: DoneJob[] = [];
-    for (const outcome of outcomes) {
-      if (outcome.ok) done.push({ job: outcome.job, result: outcome.result });
-      else if (outcome.cut && (cutByDeadline || this.stopped)) await this.release(outcome.job);
-      else await this.reportFailure(outcome.job, outcome.error);
-    }
-    return done;
-  }
-
-  /** Hands the job back to the queue, its attempt not counted. */
-  private async release(job: ClaimedJob): Promise<void> {
-    try {
-      await this.options.queue.release(job, this.callSignal());
-      this.summary.released += 1;
-      this.log({ event: "job.released", ...describeJob(job) });
-    } catch (error) {
-      this.summary.unreported += 1;
-      this.log({ event: "queue.error", call: "release", id: job.id, error: describe(error) });
-    }
-  }
-
-  /** fail()s the job: retried later, or dead-lettered when `error` is permanent. */
-  private async reportFailure(job: ClaimedJob, error: unknown): Promise<void> {
-    const retryable = !(error instanceof PermanentError);
-    // The place a result was refused is the worker's, not the handler's: no stack.
-    const stored = describe(error, !(error instanceof ResultError));
-    try {
-      const status = await this.options.queue.fail(job, stored, retryable, this.callSignal());
-      if (status === "queued") this.summary.retried += 1;
-      else if (status === "failed") this.summary.deadLettered += 1;
-      else this.summary.stale += 1;
-      this.log({
-        event: status === null ? "job.stale" : `job.${status}`,
-        ...describeJob(job),
-        error: describe(error, false),
-      });
-    } catch (queueError) {
-      this.summary.unreported += 1;
-      this.log({ event: "queue.error", call: "fail", error: describe(queueError) });
-    }
-  }
-
-  /** Sends the completions that no claim took along (the drain stopped after their batch). */
-  private async reportFinished(): Promise<void> {
-    if (this.finished.length === 0) return;
-    try {
-      await this.completeAndClaim(this.queues[0], 0);
-    } catch (error) {
-      this.summary.unreported += this.finished.length;
-      this.log({
-        event: "queue.error",
-        call: "complete_and_claim",
-        jobs: this.finished.map(({ job }) => job.id),
-        error: describe(error),
-      });
-    }
-  }
-
-  private maxResultBytes(): Promise<number> {
-    return this.resultLimit ??= this.options.queue.maxResultBytes(this.callSignal()).catch(
-      (error) => {
-        this.log({
-          event: "queue.error",
-          call: "config",
-          error: describe(error),
-          assumed: { max_result_bytes: MAX_RESULT_BYTES },
-        });
-        return MAX_RESULT_BYTES;
-      },
-    );
+    return await this.reporter.record(outcomes, () => cutByDeadline || this.stopped);
   }
 
   /**
@@ -507,23 +365,4 @@ function shortestLeaseMs(jobs: readonly ClaimedJob[]): number {
     return leaseMs;
   });
   return Math.min(...leases);
-}
-
-function abortableSleep(ms: number, signal?: AbortSignal): Promise<void> {
-  return new Promise((resolve) => {
-    if (signal?.aborted) return resolve();
-    const timer = setTimeout(() => {
-      signal?.removeEventListener("abort", cut);
-      resolve();
-    }, ms);
-    const cut = () => {
-      clearTimeout(timer);
-      resolve();
-    };
-    signal?.addEventListener("abort", cut, { once: true });
-  });
-}
-
-function isTooBig(error: unknown): error is QueueError {
-  return error instanceof QueueError && error.code === TOO_BIG;
 }

@@ -1,0 +1,202 @@
+// Machinery: telling the database how each job of a drain (worker.ts) ended. A job that ran to
+// the end waits for the drain's next call, which completes it along with the next claim, its
+// result too; one that threw is failed (retried later, or dead-lettered); one cut off by the
+// deadline or the function's unloading is released. The database measures a result as it
+// stores it and may refuse one: then the jobs with a result are completed one at a time and
+// the refused ones failed. The size limit for results is read once, when the first comes.
+import { PermanentError } from "./job.ts";
+import {
+  type ClaimedJob,
+  type DoneJob,
+  MAX_RESULT_BYTES,
+  QueueError,
+  TOO_BIG,
+  type WorkerQueue,
+} from "./queue.ts";
+import { describe, describeJob, type Outcome, ResultError } from "./run_job.ts";
+import type { LogEvent } from "./worker.ts";
+
+/** What a drain's reports came to, job by job. */
+export interface ReportCounts {
+  /**
+   * Jobs that ran to the end and were reported done: along with the next claim, or on their
+   * own when the drain ended. (One whose lease was lost meanwhile is counted too; the
+   * database leaves it to its new owner.)
+   */
+  completed: number;
+  /** Failed attempts that go back to the queue after a backoff. */
+  retried: number;
+  /**
+   * Failed attempts that moved their job to the dead letters (with a permanent error, a
+   * result too large to store, or their last attempt).
+   */
+  deadLettered: number;
+  /**
+   * Jobs handed back to the queue unfinished, their attempt not counted: cut off by the
+   * deadline or by the function's unloading.
+   */
+  released: number;
+  /** Failed jobs whose lease was lost (rescued or cancelled) before they were reported. */
+  stale: number;
+  /** Jobs left running because reporting them failed; the sweeper rescues them. */
+  unreported: number;
+}
+
+export interface ReporterOptions {
+  queue: WorkerQueue;
+  /** Where the counts go (the drain's summary). */
+  counts: ReportCounts;
+  log: (event: LogEvent) => void;
+  /** A signal for one Data API call. */
+  callSignal: () => AbortSignal;
+}
+
+/** A call to complete_and_claim() that sends `done` along; what it returns is passed on. */
+export type CompletingCall<T> = (done: readonly DoneJob[]) => Promise<T>;
+
+export class Reporter {
+  // Jobs that ran to the end, not yet reported: the next call takes them along.
+  private finished: DoneJob[] = [];
+  // The largest result the database stores, read when a job first returns one.
+  private resultLimit: Promise<number> | undefined;
+  private readonly options: ReporterOptions;
+  private readonly counts: ReportCounts;
+
+  constructor(options: ReporterOptions) {
+    this.options = options;
+    this.counts = options.counts;
+  }
+
+  /**
+   * Reports a batch's outcomes: the jobs that ran to the end wait for the next call; a job cut
+   * off is released when `releaseCut()` says so (the deadline or the unloading cut it), and
+   * failed otherwise (it outlived its lease), like one that threw. Returns how many ran to
+   * the end.
+   */
+  async record(outcomes: readonly Outcome[], releaseCut: () => boolean): Promise<number> {
+    // One failure at a time: each one is a single small UPDATE, and they are rare.
+    const done: DoneJob[] = [];
+    for (const outcome of outcomes) {
+      if (outcome.ok) done.push({ job: outcome.job, result: outcome.result });
+      else if (outcome.cut && releaseCut()) await this.release(outcome.job);
+      else await this.fail(outcome.job, outcome.error);
+    }
+    this.finished.push(...done);
+    return done.length;
+  }
+
+  /**
+   * Makes `call` with the finished jobs, which are then counted as completed. When the
+   * database refuses a result, the jobs with one are completed one at a time first (failing
+   * the ones refused), and `call` is made again with the others.
+   */
+  async completeWith<T>(call: CompletingCall<T>): Promise<T> {
+    let answer: T;
+    try {
+      answer = await call(this.finished);
+    } catch (error) {
+      if (!isTooBig(error) || !this.finished.some(({ result }) => result !== null)) throw error;
+      // The database measures a result as it stores it (jsonb), which can be larger than its
+      // JSON text (a long array of small numbers is), and then refuses the whole call.
+      await this.completeOneByOne();
+      answer = await call(this.finished);
+    }
+    // Only now: if the call failed, they are still to report (again, which is harmless if
+    // the call went through after all).
+    this.counts.completed += this.finished.length;
+    this.finished = [];
+    return answer;
+  }
+
+  /**
+   * Sends the completions that no claim took along (the drain stopped after their batch),
+   * with `call`; if that fails, they are counted as unreported and logged.
+   */
+  async completeRest(call: CompletingCall<unknown>): Promise<void> {
+    if (this.finished.length === 0) return;
+    try {
+      await this.completeWith(call);
+    } catch (error) {
+      this.counts.unreported += this.finished.length;
+      this.options.log({
+        event: "queue.error",
+        call: "complete_and_claim",
+        jobs: this.finished.map(({ job }) => job.id),
+        error: describe(error),
+      });
+    }
+  }
+
+  /** Hands the job back to the queue, its attempt not counted. */
+  async release(job: ClaimedJob): Promise<void> {
+    try {
+      await this.options.queue.release(job, this.options.callSignal());
+      this.counts.released += 1;
+      this.options.log({ event: "job.released", ...describeJob(job) });
+    } catch (error) {
+      this.counts.unreported += 1;
+      this.options.log({
+        event: "queue.error",
+        call: "release",
+        id: job.id,
+        error: describe(error),
+      });
+    }
+  }
+
+  /** fail()s the job: retried later, or dead-lettered when `error` is permanent. */
+  async fail(job: ClaimedJob, error: unknown): Promise<void> {
+    const retryable = !(error instanceof PermanentError);
+    // The place a result was refused is the worker's, not the handler's: no stack.
+    const stored = describe(error, !(error instanceof ResultError));
+    try {
+      const signal = this.options.callSignal();
+      const status = await this.options.queue.fail(job, stored, retryable, signal);
+      if (status === "queued") this.counts.retried += 1;
+      else if (status === "failed") this.counts.deadLettered += 1;
+      else this.counts.stale += 1;
+      this.options.log({
+        event: status === null ? "job.stale" : `job.${status}`,
+        ...describeJob(job),
+        error: describe(error, false),
+      });
+    } catch (queueError) {
+      this.counts.unreported += 1;
+      this.options.log({ event: "queue.error", call: "fail", error: describe(queueError) });
+    }
+  }
+
+  /** The largest result the database stores (max_result_bytes), read once; see run_job.ts. */
+  maxResultBytes(): Promise<number> {
+    return this.resultLimit ??= this.options.queue.maxResultBytes(this.options.callSignal())
+      .catch((error) => {
+        this.options.log({
+          event: "queue.error",
+          call: "config",
+          error: describe(error),
+          assumed: { max_result_bytes: MAX_RESULT_BYTES },
+        });
+        return MAX_RESULT_BYTES;
+      });
+  }
+
+  private async completeOneByOne(): Promise<void> {
+    for (const done of this.finished.filter(({ result }) => result !== null)) {
+      try {
+        await this.options.queue.complete(done.job, done.result, this.options.callSignal());
+        this.counts.completed += 1;
+      } catch (error) {
+        if (!isTooBig(error)) throw error;
+        const refused = new ResultError(
+          `the database refused the handler's result: ${(error as QueueError).reason}`,
+        );
+        await this.fail(done.job, refused);
+      }
+      this.finished = this.finished.filter((other) => other !== done);
+    }
+  }
+}
+
+function isTooBig(error: unknown): error is QueueError {
+  return error instanceof QueueError && error.code === TOO_BIG;
+}
