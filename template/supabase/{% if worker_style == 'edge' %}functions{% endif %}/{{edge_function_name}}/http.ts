@@ -14,7 +14,8 @@ import { formatPrometheus, PROMETHEUS_CONTENT_TYPE } from "./metrics.ts";
 import type { MetricSample, WorkerQueue } from "./queue.ts";
 import { FUNCTION_NAME, type Settings } from "./settings.ts";
 import { describe } from "./run_job.ts";
-import { type Drain, type DrainSummary, type LogEvent, logJson, startDrain } from "./worker.ts";
+import { type LogEvent, logJson } from "./log.ts";
+import { type Drain, type DrainSummary, startDrain } from "./worker.ts";
 
 export interface WakeHandlerOptions {
   settings: Settings;

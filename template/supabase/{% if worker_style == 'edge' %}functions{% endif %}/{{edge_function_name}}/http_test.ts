@@ -6,7 +6,8 @@ import type { Settings } from "./settings.ts";
 import { FakeClock, MemoryQueue } from "./testing.ts";
 import { PROMETHEUS_CONTENT_TYPE } from "./metrics.ts";
 import type { MetricSample } from "./queue.ts";
-import type { DrainSummary, LogEvent } from "./worker.ts";
+import type { LogEvent } from "./log.ts";
+import type { DrainSummary } from "./worker.ts";
 
 const settings: Settings = {
   supabaseUrl: "http://127.0.0.1:54321",

@@ -14,7 +14,7 @@ import {
   type WorkerQueue,
 } from "./queue.ts";
 import { describe, describeJob, type Outcome, ResultError } from "./run_job.ts";
-import type { LogEvent } from "./worker.ts";
+import type { LogEvent } from "./log.ts";
 
 /** What a drain's reports came to, job by job. */
 export interface ReportCounts {

@@ -4,7 +4,7 @@ import assert from "node:assert/strict";
 import { z } from "zod";
 import { defineHandler, type HandlerMap } from "./job.ts";
 import { drain, drainOptions, FakeClock, MemoryQueue } from "./testing.ts";
-import type { LogEvent } from "./worker.ts";
+import type { LogEvent } from "./log.ts";
 
 Deno.test("a failing job never stops the batch, and its error is stored", async () => {
   const queue = new MemoryQueue();

@@ -7,7 +7,7 @@ import type { Job } from "./job.ts";
 import { type HandlerMap, PermanentError } from "./job.ts";
 import type { ClaimedJob, Json, WorkerQueue } from "./queue.ts";
 import type { Clock } from "./clock.ts";
-import type { LogEvent } from "./worker.ts";
+import type { LogEvent } from "./log.ts";
 
 /**
  * A result the database cannot store: not JSON, or over `max_result_bytes`. Running the job

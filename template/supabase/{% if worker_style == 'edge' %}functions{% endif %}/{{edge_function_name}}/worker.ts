@@ -11,6 +11,7 @@
 // completion as the job's result, once checked against the database's size limit (each job's
 // run: run_job.ts; how each job's end is reported: report.ts).
 import { type Clock, systemClock } from "./clock.ts";
+import { type LogEvent, logJson } from "./log.ts";
 import type { HandlerMap } from "./job.ts";
 import type { ClaimedJob, DoneJob, WorkerQueue } from "./queue.ts";
 import { type ReportCounts, Reporter } from "./report.ts";
@@ -43,8 +44,6 @@ export interface DrainOptions {
   clock?: Clock;
   log?: (event: LogEvent) => void;
 }
-
-export type LogEvent = { event: string } & Record<string, unknown>;
 
 /** What a drain did; the counts of its jobs' ends are ReportCounts' (report.ts). */
 export interface DrainSummary extends ReportCounts {
@@ -82,11 +81,6 @@ const WALL_CLOCK_MARGIN = 0.1;
 /** Time kept back at the end of a lease to report the job before the lease runs out. */
 const LEASE_MARGIN_MS = 2000;
 const DEFAULT_CALL_TIMEOUT_MS = 10_000;
-
-/** One JSON line per event, which the Edge runtime's logs show as they are. */
-export function logJson(event: LogEvent): void {
-  console.log(JSON.stringify(event));
-}
 
 /** Starts draining `queues`; see Drain. */
 export function startDrain(queues: readonly string[], options: DrainOptions): Drain {

@@ -11,7 +11,8 @@ import {
   MemoryQueue,
   recordingOk,
 } from "./testing.ts";
-import { type Drain, type LogEvent, startDrain } from "./worker.ts";
+import type { LogEvent } from "./log.ts";
+import { type Drain, startDrain } from "./worker.ts";
 
 Deno.test("after the queues run dry, the drain lingers and runs jobs that come late", async () => {
   const ran: number[] = [];
