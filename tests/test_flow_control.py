@@ -338,6 +338,48 @@ def test_a_progress_report_writes_its_own_job_not_the_whole_claims(
     assert db.execute("select count(*) from pgqueue.job_progress").fetchone() == (0,)
 
 
+def test_the_first_reports_of_a_claims_jobs_at_once_do_not_deadlock(
+    flow: psycopg.Connection, stack: Cluster
+) -> None:
+    """The handlers of one claim's jobs report progress at the same moment (a worker runs
+    them concurrently, over the Data API a connection each). The first report of a claim flags
+    it: taken after a share lock on the claim, that update deadlocked two first reports, and
+    the handler whose report lost failed its job. 30 claims of 6 jobs, 6 reports at once each."""
+    db = flow
+    errors: list[str] = []
+    reporters = 6
+    barrier = threading.Barrier(reporters)
+    connections = [stack.connect(autocommit=True) for _ in range(reporters)]
+    try:
+        for _ in range(30):
+            ids = enqueue_n(db, reporters, **AS_ROWS)
+            token = complete_and_claim(db, max_jobs=reporters)[0]["lock_token"]
+
+            def report(conn: psycopg.Connection, job_id: int, token: str) -> None:
+                barrier.wait(10)
+                try:
+                    conn.execute(
+                        "select pgqueue.progress(%s, %s, %s)", (job_id, token, Jsonb({"at": 1}))
+                    )
+                except psycopg.Error as error:
+                    errors.append(str(error).splitlines()[0])
+
+            threads = [
+                threading.Thread(target=report, args=(conn, job_id, token))
+                for conn, job_id in zip(connections, ids, strict=True)
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(30)
+            assert errors == []
+            assert [job_by_id(db, i)["progress"] for i in ids] == [{"at": 1}] * reporters
+            db.execute("select pgqueue.complete_many(%s, %s)", (ids, [token] * reporters))
+    finally:
+        for conn in connections:
+            conn.close()
+
+
 def test_results_and_progress_are_read_by_job_id(flow: psycopg.Connection) -> None:
     db = flow
     with_result, without = enqueue_n(db, 2)

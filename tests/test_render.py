@@ -437,19 +437,11 @@ def test_the_databases_messages_name_the_templates_pages_by_url(
     template: Path, tmp_path: Path
 ) -> None:
     """docs/ is the template repo's, not the project's: a notice or error of the queue's
-    migrations and functions that points there gives the full URL. Released migrations never
-    change, so the one such path 1.0.0 shipped (RELEASED_DOC_PATHS) stays, and no other."""
+    migrations and functions that points there gives the full URL."""
     for baseline in ("0.1.0", "1.0.0"):
         project = render(template, tmp_path / baseline, queue_baseline=baseline)
         for migration in (project / "supabase/migrations").glob("*.sql"):
             code = re.sub(r"--[^\n]*", "", migration.read_text())
             strings = re.findall(r"'((?:[^']|'')*)'", code)
             relative = [s for s in strings if re.search(r"(?<![/\w])docs/[\w/-]+\.md", s)]
-            shipped = RELEASED_DOC_PATHS.get(migration.name.split("_", 1)[1], [])
-            assert relative == shipped, f"{migration.name} names the template's docs by a path"
-
-
-# 1.0.0's notice that pg_net's tables stay readable, in its baseline and its step from 0.1.0
-RELEASED_DOC_PATHS = {
-    name: ["docs/security.md"] for name in ("pgqueue_1_0_0.sql", "pgqueue_1_0_0_from_0_1_0.sql")
-}
+            assert relative == [], f"{migration.name} names the template's docs by a path"
