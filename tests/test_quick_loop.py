@@ -32,9 +32,11 @@ def test_the_quick_loop_covers_sql_every_variant_and_each_worker() -> None:
     def some(prefix: str, suffix: str = "") -> bool:
         return any(i.startswith(prefix) and i.endswith(suffix) for i in ids)
 
-    assert some("tests/test_queue.py::"), "the SQL contract"
+    assert some("tests/sql/test_queue.py::"), "the SQL contract"
     for variant in VARIANTS:
-        assert some("tests/test_render.py::test_every_variant_renders_cleanly", f"[{variant}]")
+        assert some(
+            "tests/render/test_render.py::test_every_variant_renders_cleanly", f"[{variant}]"
+        )
     for variant in PYTHON_VARIANTS:
         assert some("tests/worker/test_worker_end_to_end.py::", f"[{variant}]"), variant
     assert some("tests/worker/test_rendered_worker.py::test_project_passes_ruff_mypy")

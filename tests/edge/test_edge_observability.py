@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from testkit.postgrest import PostgRESTStandIn
 from testkit.stack import point_wake_ups
-from tests.test_queue import enqueue_n, expire_lease
+from tests.sql.test_queue import enqueue_n, expire_lease
 
 from .deno_worker import Deno, EdgeWorker, run_queue_client
 

@@ -2,7 +2,7 @@
 block of docs/*.md and of the function's README becomes the index.ts of a function next to it
 (as the README has the queue client used from another function), checked by `deno check`
 with the function's deno.json. A marker `<!-- example: first <ts> -->` gives the imports and
-the names a block takes as given (tests/test_doc_examples.py lists the markers)."""
+the names a block takes as given (tests/docs/test_doc_examples.py lists the markers)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The docs' code examples: fenced blocks of one language in a Markdown page, each with the
-marker an HTML comment before it may carry (tests/test_doc_examples.py says what markers mean).
+marker an HTML comment before it may carry (tests/docs/test_doc_examples.py says what markers mean).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ installed project's `my-app` on PATH (`uv run my-app ...` runs it the same way) 
 hosted-shaped database holding the project's queue. A block that starts a server (`worker`,
 `dashboard`) passes when the server is still up after a few seconds.
 
-The markers of tests/test_doc_examples.py apply: `first <sh>` runs first (what the reader has
+The markers of tests/docs/test_doc_examples.py apply: `first <sh>` runs first (what the reader has
 already done), `not run (why)` leaves out a block that needs what this machine lacks (`supabase
 start`, a hosted project).
 """

@@ -4,7 +4,7 @@ handlers/ (the user's code, checked as the project checks it) under the project'
 
 A block is the body of an async function, since the examples `await` at the top; a marker
 `<!-- example: first <python> -->` gives the module's imports and the names the block takes
-as given (tests/test_doc_examples.py lists the markers). A renamed method, argument or model
+as given (tests/docs/test_doc_examples.py lists the markers). A renamed method, argument or model
 field then fails here, naming the page and line.
 """
 

@@ -1,6 +1,6 @@
 """upgrade_probe: records every run in a file per worker process (the upgrade-under-load test,
-tests/test_upgrade_under_load.py). Written against 0.1.0's registry (JobInfo's id and attempt),
-which later releases keep, so a 0.1.0 worker can load it."""
+tests/upgrade/test_upgrade_under_load.py). Written against 0.1.0's registry (JobInfo's id and
+attempt), which later releases keep, so a 0.1.0 worker can load it."""
 
 from __future__ import annotations
 

@@ -9,9 +9,9 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from testkit.cluster import Cluster
+from tests.sql.test_hot_path import claimers_drain, complete_and_claim
+from tests.sql.test_queue import expire_lease
 from tests.support.jobs import job_by_id as job
-from tests.test_hot_path import claimers_drain, complete_and_claim
-from tests.test_queue import expire_lease
 
 
 def enqueue_many(db: psycopg.Connection, jobs: list[dict]) -> list[int]:

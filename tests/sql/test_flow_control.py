@@ -13,9 +13,9 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from testkit.cluster import Cluster
+from tests.sql.test_hot_path import claimers_drain, complete_and_claim
+from tests.sql.test_queue import AS_ROWS, enqueue_n
 from tests.support.jobs import job, job_by_id, running_of_key
-from tests.test_hot_path import claimers_drain, complete_and_claim
-from tests.test_queue import AS_ROWS, enqueue_n
 
 # -- concurrency keys -------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The residue checks that every rendered variant must pass (tests/test_render.py) each catch
+"""The residue checks that every rendered variant must pass (tests/render/test_render.py) each catch
 what they name: a file with that residue in a project of its own is reported."""
 
 from __future__ import annotations
