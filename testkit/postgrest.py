@@ -33,7 +33,8 @@ What it does as PostgREST does, per request:
 - Shapes: a scalar is its JSON value; SETOF a scalar is an array; SETOF a row type (or TABLE)
   is an array of objects; a single row is an object; void is 204 with no body.
 - Errors: `{"code", "details", "hint", "message"}`, the SQLSTATE as code, the HTTP status from
-  PostgREST's table. Each request is one transaction: committed on success, rolled back on
+  PostgREST's table (a function's `raise sqlstate 'PT429'` sets status 429, as PostgREST
+  documents for `PTxyz`). Each request is one transaction: committed on success, rolled back on
   any error.
 
 It logs in with the DSN it is given (the real one logs in as `authenticator`) through a small
@@ -122,6 +123,8 @@ _STATUS_OF_CLASS = {
 
 
 def _http_status(sqlstate: str, message: str, authed: bool) -> int:
+    if re.fullmatch(r"PT[0-9]{3}", sqlstate):  # `raise sqlstate 'PT429'`: that HTTP status
+        return int(sqlstate[2:])
     if sqlstate == "42501":  # insufficient privilege: not logged in, or not allowed
         return 403 if authed else 401
     if sqlstate == "22023" and message.startswith("role") and message.endswith("does not exist"):

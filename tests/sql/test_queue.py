@@ -561,6 +561,10 @@ def test_service_role_has_exactly_the_worker_api(db: psycopg.Connection) -> None
         "metrics",
         "throughput",
         "trace_contexts",
+        # release 1.1.0: what signed-in users may submit, and who submitted a job
+        "allow_client_kind",
+        "disallow_client_kind",
+        "job_owners",
     }
     with db.transaction(force_rollback=True):
         db.execute("set local role service_role")

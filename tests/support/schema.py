@@ -1,6 +1,7 @@
 """A queue's schema as the database holds it, to compare two projects: every table, column,
-index, constraint, function, view, trigger, comment, grant and policy of the queue's schema
-(pg_dump, schema only) and the queue's pg_cron jobs, split into one entry per object."""
+index, constraint, function, view, trigger, comment, grant and policy of the queue's schema and
+of its `<schema>_public` (pg_dump, schema only) and the queue's pg_cron jobs, split into one
+entry per object."""
 
 from __future__ import annotations
 
@@ -11,13 +12,22 @@ from testkit.cluster import PG_BIN, Cluster
 
 # pg_dump starts each object with a comment naming it:
 #   -- Name: backoff(integer); Type: FUNCTION; Schema: pgqueue; Owner: postgres
-HEADER = re.compile(r"^-- Name: (.+?); Type: (.+?); Schema: .*$", re.MULTILINE)
+HEADER = re.compile(r"^-- Name: (.+?); Type: (.+?); Schema: (.*?); .*$", re.MULTILINE)
 
 
 def queue_schema(cluster: Cluster, schema: str) -> dict[str, str]:
-    """{"FUNCTION backoff(integer)": its definition, ...}, and the cron jobs under "CRON"."""
+    """{"FUNCTION backoff(integer)": its definition, ...} (an object of `<schema>_public`
+    named with its schema), and the cron jobs under "CRON"."""
     dump = subprocess.run(
-        [PG_BIN / "pg_dump", "--schema-only", "--schema", schema, cluster.dsn()],
+        [
+            PG_BIN / "pg_dump",
+            "--schema-only",
+            "--schema",
+            schema,
+            "--schema",
+            f"{schema}_public",
+            cluster.dsn(),
+        ],
         capture_output=True,
         text=True,
         check=True,
@@ -28,7 +38,8 @@ def queue_schema(cluster: Cluster, schema: str) -> dict[str, str]:
     objects = {}
     for header, after in zip(headers, [*headers[1:], None], strict=True):
         body = dump[header.end() : after.start() if after else len(dump)]
-        key = f"{header.group(2)} {header.group(1)}"
+        name, kind, in_schema = header.groups()
+        key = f"{kind} {name}" if in_schema in (schema, "-") else f"{kind} {in_schema}.{name}"
         assert key not in objects, f"two objects named {key}"
         objects[key] = "\n".join(line for line in body.splitlines() if line.strip("- "))
     with cluster.connect() as conn:

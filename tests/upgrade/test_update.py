@@ -41,9 +41,13 @@ from testkit.project import (
 from tests.support.releases import EMAIL, RELEASE_ANSWERS, fill_queue
 
 # The migration a new project's queue starts from (each table, view and function once).
-BASELINE = "20261206000000_pgqueue_1_0_0.sql"
-# What a project created at 0.1.0 gets instead: the step from 0.1.0's queue to 1.0.0's.
-UPGRADE = "20261206000000_pgqueue_1_0_0_from_0_1_0.sql"
+BASELINE = "20261207000000_pgqueue_1_1_0.sql"
+# What a project created at 0.1.0 gets instead: one step per release since, from 0.1.0's queue
+# to 1.0.0's, and from 1.0.0's to 1.1.0's.
+STEPS = {
+    "20261206000000_pgqueue_1_0_0_from_0_1_0.sql",
+    "20261207000000_pgqueue_1_1_0_client_jobs.sql",
+}
 MIGRATIONS = "template/supabase/migrations"
 
 RELEASE_B_MIGRATION = """\
@@ -175,11 +179,11 @@ def test_update_keeps_user_edits_and_jobs_and_applies_the_new_migration(
         assert "# release 1.1.0 was here" in (project / "supabase/config.toml").read_text()
         # the release's one migration added to the baseline the project started from
         assert sorted(p.name for p in (project / "supabase/migrations").iterdir()) == [
-            "20261206000000_pgqueue_1_0_0.sql",
+            BASELINE,
             "20261215000000_orders.sql",
             "20270101000000_pgqueue_job_region.sql",
         ]
-        assert "_queue_baseline: 1.0.0" in (project / ".copier-answers.yml").read_text()
+        assert "_queue_baseline: 1.1.0" in (project / ".copier-answers.yml").read_text()
         assert "_commit: v1.1.0" in (project / ".copier-answers.yml").read_text()
 
         supabase(project, "migration", "up", "--db-url", cluster.url())
@@ -527,9 +531,9 @@ def test_a_project_from_the_release_updates_to_head_with_its_live_jobs(
         assert not [p for p in files if p.suffix == ".rej"]
         for name, content in released.items():
             assert (project / MIGRATIONS_DIR / name).read_bytes() == content, name
-        # one migration for the release, never the baseline of a new project
+        # one migration per release since, never the baseline of a new project
         added = {p.name for p in (project / MIGRATIONS_DIR).glob("*.sql")} - set(released)
-        assert {n for n in added if not n.endswith("_pgqueue_config.sql")} == {UPGRADE}
+        assert {n for n in added if not n.endswith("_pgqueue_config.sql")} == STEPS
         assert "_queue_baseline: 0.1.0" in (project / ".copier-answers.yml").read_text()
         supabase(project, "migration", "up", "--db-url", cluster.url())
 
