@@ -753,3 +753,24 @@ def test_replacing_a_waiting_job_takes_the_new_traceparent(obs: psycopg.Connecti
     assert trace_contexts(db, [job_id]) == {job_id: OTHER_TRACE}, (
         "none given: the job keeps its own"
     )
+
+
+def test_a_worker_that_checks_out_is_no_longer_alive(db: psycopg.Connection) -> None:
+    """checkout() (1.1.0): a worker that stops cleanly leaves pgqueue_workers_alive at once, so
+    a restarted worker counts once, not once per run for 10 minutes."""
+
+    def alive() -> int:
+        row = db.execute(
+            "select value from pgqueue.metrics() where metric = 'pgqueue_workers_alive'"
+            " and labels ->> 'queue' = 'checkout-test'"
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    db.execute("delete from pgqueue.workers where queue = 'checkout-test'")
+    for run in ("worker-run-1", "worker-run-2"):
+        db.execute("select pgqueue.checkin(%s, 'checkout-test', array['noop'])", (run,))
+    assert alive() == 2
+    assert db.execute("select pgqueue.checkout('worker-run-1')").fetchone() == (True,)
+    assert db.execute("select pgqueue.checkout('worker-run-1')").fetchone() == (False,)
+    assert alive() == 1
+    db.execute("select pgqueue.checkout('worker-run-2')")

@@ -565,6 +565,7 @@ def test_service_role_has_exactly_the_worker_api(db: psycopg.Connection) -> None
         "allow_client_kind",
         "disallow_client_kind",
         "job_owners",
+        "checkout",
     }
     with db.transaction(force_rollback=True):
         db.execute("set local role service_role")
