@@ -209,7 +209,8 @@ def test_a_jobs_detail(
     assert page.url == f"{dashboard.url}/jobs/{jobs['dead']}"
     dead = job_by_id(db, jobs["dead"])
     field = lambda name: page.locator(f"[data-field={name}]").inner_text()  # noqa: E731
-    assert field("status") == "failed"
+    assert field("status") == "dead-lettered"
+    assert field("kept").startswith("A dead-lettered job keeps its payload and last error")
     assert field("attempts") == "1 of 1"
     assert field("last_error") == dead["last_error"]
     assert json.loads(field("payload")) == dead["payload"]

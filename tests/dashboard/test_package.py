@@ -4,9 +4,12 @@ and in an edge project's dashboard/, a Python project of its own, made of the sa
 
 from __future__ import annotations
 
+import os
+import subprocess
 import zipfile
 from pathlib import Path
 
+from testkit.cluster import Cluster
 from testkit.project import render, run
 
 from .conftest import EdgeDashboard
@@ -57,3 +60,32 @@ def test_the_edge_dashboard_passes_ruff_mypy_and_its_own_tests(
     assert "Success: no issues found" in run([edge_dashboard.bin("mypy")], cwd=here)
     out = run([edge_dashboard.bin("pytest"), "-q", "-p", "no:cacheprovider"], cwd=here)
     assert " passed" in out and "skipped" not in out, out
+
+
+def test_the_edge_dashboard_says_when_the_migrations_are_missing(
+    edge_dashboard: EdgeDashboard, stack: Cluster
+) -> None:
+    """One line saying what to do, exit 1, no traceback: not a dashboard whose pages fail."""
+    with stack.connect(autocommit=True) as conn:
+        conn.execute("create database edge_dashboard_empty")
+    try:
+        env = {
+            **os.environ,
+            "DATABASE_URL": stack.dsn("edge_dashboard_empty", user="postgres"),
+            "DASHBOARD_PASSWORD": "correct horse battery",
+        }
+        proc = subprocess.run(
+            [edge_dashboard.bin("dashboard"), "--port", "0"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    finally:
+        with stack.connect(autocommit=True) as conn:
+            conn.execute("drop database edge_dashboard_empty with (force)")
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr == (
+        "error: the queue schema pgqueue does not exist in this database: apply the migrations "
+        "first (supabase db push, or supabase migration up locally)\n"
+    )

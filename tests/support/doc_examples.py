@@ -8,8 +8,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-# What a block may be skipped for: only what this machine cannot provide.
-LACKING = ("supabase start", "hosted project")
+# What a block may be skipped for: only what this machine cannot provide (the Supabase stack,
+# a hosted project, the network) or what would run this repo's own suite inside itself.
+LACKING = ("supabase start", "hosted project", "the network", "the template's own")
+# The languages of shell blocks: each is run by a test, or marked (see shell_blocks()).
+SHELLS = ("sh", "bash", "shell", "console")
 
 
 def block(language: str) -> re.Pattern[str]:
@@ -57,3 +60,9 @@ def examples(page: Path, name: str, language: str = "sql") -> list[Example]:
         line = text.count("\n", 0, m.start("indent")) + 1
         found.append(Example(name, line, body + "\n", m["marker"] or ""))
     return found
+
+
+def shell_blocks(page: Path, name: str) -> list[Example]:
+    return sorted(
+        (e for language in SHELLS for e in examples(page, name, language)), key=lambda e: e.line
+    )

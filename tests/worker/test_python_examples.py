@@ -4,7 +4,9 @@ handlers/ (the user's code, checked as the project checks it) under the project'
 
 A block is the body of an async function, since the examples `await` at the top; a marker
 `<!-- example: first <python> -->` gives the module's imports and the names the block takes
-as given (tests/docs/test_doc_examples.py lists the markers). A renamed method, argument or model
+as given, and `<!-- example: module -->` says the block is a whole handler module, checked as
+it stands (tests/docs/test_doc_examples.py lists the markers). The handlers README's examples
+are such modules. A renamed method, argument or model
 field then fails here, naming the page and line.
 """
 
@@ -26,6 +28,8 @@ DOC_PAGES = sorted(p for p in (REPO / "docs").glob("*.md") if examples(p, p.name
 
 
 def example_module(example: Example) -> str:
+    if example.marker == "module":
+        return f'"""{example}: an example of the docs."""\n\n{example.code}'
     return (
         f'"""{example}: an example of the docs."""\n\n'
         "from __future__ import annotations\n\n"
@@ -65,6 +69,8 @@ def type_check(installed: Installed, root: Path, found: list[Example]) -> str:
 def test_the_python_examples_type_check(installed: Installed, tmp_path: Path) -> None:
     found = [e for page in DOC_PAGES for e in examples(page, f"docs/{page.name}", "python")]
     found += examples(installed.path / "README.md", "README.md", "python")
+    handlers = installed.path / "src" / PACKAGE / "handlers" / "README.md"
+    found += examples(handlers, "handlers/README.md", "python")
     assert type_check(installed, tmp_path, found) == ""
 
 
@@ -75,3 +81,19 @@ def test_a_wrong_python_example_fails_naming_its_page(installed: Installed, tmp_
         "docs/x.md", 12, "await queue.enqueue_job('send_email', {})\n", f"first {first}"
     )
     assert "docs/x.md:12" in type_check(installed, tmp_path, [wrong])
+
+
+@pytest.mark.parametrize("installed", [variant("python", "postgres")], indirect=True, ids=str)
+def test_a_handler_module_example_must_define_what_it_uses(
+    installed: Installed, tmp_path: Path
+) -> None:
+    """The handlers README's old example called download(), upload() and resize(), defined
+    nowhere: a whole-module example is checked as it stands, so that fails."""
+    code = (
+        "from pydantic import BaseModel\n\nfrom ..registry import JobInfo, handler\n\n\n"
+        "class Resize(BaseModel):\n    path: str\n\n\n"
+        '@handler("resize")\nasync def resize(payload: Resize, job: JobInfo) -> None:\n'
+        "    await download(payload.path)\n"
+    )
+    complaints = type_check(installed, tmp_path, [Example("handlers/README.md", 9, code, "module")])
+    assert 'handlers/README.md:9 (+14): error: Name "download" is not defined' in complaints

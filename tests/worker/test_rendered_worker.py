@@ -92,6 +92,12 @@ def test_cli(installed: Installed, stack_env: dict, db: psycopg.Connection) -> N
         "select lock_token from pgqueue.claim('w', kinds => array['send_email'])"
     ).fetchall()
     db.execute("select pgqueue.fail(%s, %s, 'x', retryable => false)", (job_id, token))
+    # dead letters are called so (the SQL's status is 'failed'), and what is kept is said
+    stats = [json.loads(line) for line in run([script, "stats"], env=stack_env).splitlines()]
+    assert [row["status"] for row in stats] == ["dead-lettered"]
+    shown = json.loads(run([script, "job", str(job_id)], env=stack_env))
+    assert shown["status"] == "dead-lettered"
+    assert shown["note"].startswith("a dead-lettered job keeps its payload and last error")
     python = [installed.bin("python"), "-m", PACKAGE]
     dead = json.loads(run([*python, "dead-letters"], env=stack_env).splitlines()[0])
     assert (dead["id"], dead["last_error"]) == (job_id, "x")
@@ -100,6 +106,17 @@ def test_cli(installed: Installed, stack_env: dict, db: psycopg.Connection) -> N
     assert job(db, job_id)["status"] == "queued"
     assert run([script, "cancel", str(job_id)], env=stack_env).strip() == f"job {job_id} cancelled"
     assert job(db, job_id)["status"] == "cancelled"
+
+    # a done job without a result or key: what it keeps, and why its payload is null
+    (done_id,) = db.execute("select pgqueue.enqueue('send_email')").fetchone()
+    assert done_id > job_id
+    db.execute(
+        "select pgqueue.complete(id, lock_token)"
+        " from pgqueue.claim('w', kinds => array['send_email'])"
+    )
+    done = json.loads(run([script, "job", str(done_id)], env=stack_env))
+    assert (done["status"], done["payload"]) == ("done", None)
+    assert "its payload, progress, priority" in done["note"]
 
     bad = subprocess.run(
         [script, "enqueue", "send_email", '{"to": "nobody"}'],

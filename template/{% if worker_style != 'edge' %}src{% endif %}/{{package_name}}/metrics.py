@@ -47,7 +47,11 @@ DATABASE_METRICS = {
     "pgqueue_dead_letters": "Dead-lettered jobs kept in the history.",
     "pgqueue_jobs_finished_5m": "Jobs finished in the last 5 minutes: done, failed or cancelled.",
     "pgqueue_queue_paused": "1 while the queue is paused.",
-    "pgqueue_workers_alive": "Workers that checked in within the last 10 minutes.",
+    "pgqueue_workers_alive": (
+        "Worker processes seen for the queue in the last 10 minutes: each checks in every "
+        "minute, and one that stopped or restarted counts until 10 minutes after its last "
+        "check-in."
+    ),
     "pgqueue_lease_rescues_total": "Expired leases the sweeper put back in the queue.",
     "pgqueue_lease_dead_letters_total": "Expired leases the sweeper dead-lettered.",
 }

@@ -18,7 +18,14 @@ from typing import Any, NewType
 
 from pydantic_core import from_json
 
-from .queue_errors import ConfigRefused, QueueUnavailable, Refused, TooLarge
+from .queue_errors import (
+    ConfigRefused,
+    QueueApiError,
+    QueueUnavailable,
+    Refused,
+    SchemaMissing,
+    TooLarge,
+)
 from .queue_functions import QueueFunctions
 from .queue_types import (
     ON_CONFLICT,
@@ -44,11 +51,13 @@ __all__ = [
     "Metric",
     "NewJob",
     "OnConflict",
+    "QueueApiError",
     "QueueClient",
     "QueueState",
     "QueueUnavailable",
     "Refused",
     "Schedule",
+    "SchemaMissing",
     "ThroughputPoint",
     "TooLarge",
 ]

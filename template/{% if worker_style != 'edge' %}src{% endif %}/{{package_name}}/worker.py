@@ -31,6 +31,7 @@ from typing import TypeVar
 
 from .backoff import MAX_OUTAGE_PAUSE, Backoff, Outage
 from .completions import Completions, ResultRefused
+from .health import log_health
 from .job_runner import JobRunner
 from .leases import LeaseKeeper
 from .metrics import WorkerMetrics
@@ -51,28 +52,6 @@ _FIRST_IDLE_PAUSE = 0.1
 _CHECKIN_INTERVAL = 60.0
 # The largest result a database whose configuration does not say stores (the most it allows).
 _MAX_RESULT_BYTES = 65536
-
-
-async def log_health(queue: QueueClient) -> None:
-    """Log a warning for each thing that stops wake-ups or rescues (`health()`), once at start:
-    a project never loses its wake-ups silently."""
-    try:
-        rows = await queue.health()
-    except Exception as exc:  # an older database, or none yet: the worker runs all the same
-        log.warning(
-            "health check unavailable (apply the migrations: supabase migration up): %s",
-            exc,
-            extra={"event": "worker.health_unavailable", "error": str(exc)},
-        )
-        return
-    for row in rows:
-        if not row["ok"]:
-            log.warning(
-                "%s: %s",
-                row["component"],
-                row["detail"],
-                extra={"event": "worker.health", "component": row["component"]},
-            )
 
 
 @dataclass(frozen=True, slots=True)
