@@ -47,8 +47,14 @@ MIGRATE = "(supabase db push, or supabase migration up locally)"
 
 # The one-shot commands are the same code in both styles: once per transport; the worker's
 # start-up differs by style, and the python style's runs here.
-pytestmark = pytest.mark.parametrize(
-    "installed", [v for v in PYTHON_VARIANTS if v.worker_style == "python"], indirect=True, ids=str
+PYTHON_STYLE = [v for v in PYTHON_VARIANTS if v.worker_style == "python"]
+each_transport = pytest.mark.parametrize("installed", PYTHON_STYLE, indirect=True, ids=str)
+# what only the supabase transport meets
+data_api_only = pytest.mark.parametrize(
+    "installed",
+    [v for v in PYTHON_STYLE if v.claim_transport == "supabase"],
+    indirect=True,
+    ids=str,
 )
 
 
@@ -92,6 +98,7 @@ def empty_database(stack: Cluster) -> Iterator[str]:
         conn.execute(f"drop database {name} with (force)")
 
 
+@each_transport
 def test_a_database_without_the_migrations(
     installed: Installed, stack: Cluster, stack_env: dict, empty_database: str
 ) -> None:
@@ -111,13 +118,12 @@ def test_a_database_without_the_migrations(
         assert f"apply them {MIGRATE}" in line, command
 
 
+@data_api_only
 @pytest.mark.parametrize("command", [["stats"], ["worker"]], ids=str)
 def test_the_data_api_without_the_queue_schema(
     installed: Installed, stack: Cluster, stack_env: dict, command: list[str]
 ) -> None:
     """PostgREST answers PGRST106 for a schema it does not serve (not migrated, or not exposed)."""
-    if installed.transport != "supabase":
-        pytest.skip("the Data API is the supabase transport's")
     with PostgRESTStandIn(stack.dsn(user="authenticator"), schemas=("public",)) as api:
         proc = cli(installed, environment(installed, stack_env, API_URL=api.url), *command)
     assert error_line(proc) == (
@@ -127,6 +133,7 @@ def test_the_data_api_without_the_queue_schema(
     )
 
 
+@each_transport
 def test_an_unreachable_database(installed: Installed, stack_env: dict) -> None:
     """The one-shot commands and the dashboard say so; the worker waits the outage out
     (test_an_unreachable_database_is_waited_out_by_the_worker)."""
@@ -151,6 +158,7 @@ def test_an_unreachable_database(installed: Installed, stack_env: dict) -> None:
     }
 
 
+@each_transport
 def test_an_unreachable_database_is_waited_out_by_the_worker(
     installed: Installed, stack_env: dict
 ) -> None:
@@ -175,6 +183,7 @@ def test_an_unreachable_database_is_waited_out_by_the_worker(
     ],
     ids=["spaces", "key-value", "port"],
 )
+@each_transport
 def test_a_malformed_database_url(
     installed: Installed, stack_env: dict, url: str, expected: str
 ) -> None:
@@ -189,6 +198,7 @@ def test_a_malformed_database_url(
         assert "supabase status -o env" in line
 
 
+@each_transport
 def test_a_job_that_does_not_exist(
     installed: Installed, stack_env: dict, db: psycopg.Connection
 ) -> None:
@@ -221,6 +231,7 @@ def test_a_job_that_does_not_exist(
     ],
     ids=str,
 )
+@each_transport
 def test_a_bad_argument(
     installed: Installed, stack_env: dict, args: list[str], expected: str
 ) -> None:
@@ -228,6 +239,7 @@ def test_a_bad_argument(
     assert line.startswith(expected), line
 
 
+@each_transport
 def test_debug_logging_adds_the_traceback(
     installed: Installed, stack: Cluster, stack_env: dict, empty_database: str
 ) -> None:
