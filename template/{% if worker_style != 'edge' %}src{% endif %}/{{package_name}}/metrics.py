@@ -49,8 +49,8 @@ DATABASE_METRICS = {
     "pgqueue_queue_paused": "1 while the queue is paused.",
     "pgqueue_workers_alive": (
         "Worker processes seen for the queue in the last 10 minutes: each checks in every "
-        "minute, and one that stopped or restarted counts until 10 minutes after its last "
-        "check-in."
+        "minute and checks out when it stops; one that died counts until 10 minutes after "
+        "its last check-in."
     ),
     "pgqueue_lease_rescues_total": "Expired leases the sweeper put back in the queue.",
     "pgqueue_lease_dead_letters_total": "Expired leases the sweeper dead-lettered.",

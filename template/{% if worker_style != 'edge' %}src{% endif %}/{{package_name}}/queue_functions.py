@@ -132,6 +132,11 @@ class QueueFunctions(ABC):
         """Tell the database that `worker` claims `kinds` from `queue` (see `unclaimed`)."""
         await self.call("checkin", {"worker": worker, "queue": queue, "kinds": kinds})
 
+    async def checkout(self, worker: str) -> bool:
+        """Forget `worker` (it stops): it no longer counts as alive. False if it had not
+        checked in."""
+        return bool(await self.call("checkout", {"worker": worker}))
+
     async def set_concurrency_limit(
         self, concurrency_key: str, max_running: int | None
     ) -> int | None:

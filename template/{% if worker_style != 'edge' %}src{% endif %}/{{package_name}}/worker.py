@@ -127,7 +127,10 @@ class Worker:
             },
         )
         await log_health(self._queue)
-        await self._loop(until_idle=False)
+        try:
+            await self._loop(until_idle=False)
+        finally:
+            await self._checkout()
 
     async def drain(self) -> None:
         """Claim and run jobs until none is runnable (or stop() is called)."""
@@ -306,6 +309,19 @@ class Worker:
                 "check-in failed (apply the migrations: supabase migration up): %s",
                 exc,
                 extra={"event": "worker.checkin_failed", "error": str(exc)},
+            )
+
+    async def _checkout(self) -> None:
+        """Tell the database this worker stops, so it no longer counts as alive; never
+        raises (a worker stopping in an outage is forgotten 10 minutes after its last
+        check-in)."""
+        try:
+            await self._queue.checkout(self._settings.worker_name)
+        except Exception as exc:  # a database before 1.1.0, or an outage
+            log.warning(
+                "check-out failed (apply the migrations: supabase migration up): %s",
+                exc,
+                extra={"event": "worker.checkout_failed", "error": str(exc)},
             )
 
     async def _traceparents(self, jobs: list[Job]) -> dict[int, str]:

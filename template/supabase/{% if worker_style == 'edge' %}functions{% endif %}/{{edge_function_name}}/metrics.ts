@@ -17,8 +17,9 @@ const HELP: Record<string, string> = {
   pgqueue_jobs_finished_5m: "Jobs that finished in the last 5 minutes, by status.",
   pgqueue_queue_paused: "1 while the queue is paused, else 0.",
   pgqueue_workers_alive:
-    "Worker processes seen for the queue in the last 10 minutes: each checks in every minute, " +
-    "and one that stopped or restarted counts until 10 minutes after its last check-in.",
+    "Workers seen for the queue in the last 10 minutes: an Edge Function worker checks in " +
+    "each time it is woken and counts until 10 minutes after; a Python worker checks in " +
+    "every minute and checks out when it stops.",
   pgqueue_lease_rescues_total: "Expired leases the sweeper put back in the queue.",
   pgqueue_lease_dead_letters_total:
     "Expired leases the sweeper dead-lettered because the job had no attempts left.",
