@@ -26,7 +26,13 @@ from .leases import LeaseKeeper, StopReason
 from .logs import describe_exception, job_fields, ms_since
 from .metrics import WorkerMetrics
 from .queue_client import Job, QueueClient, QueueUnavailable
-from .registry import JobInfo, PermanentError, Registration, describe_validation_error
+from .registry import (
+    JobInfo,
+    PermanentError,
+    Registration,
+    UserFacingError,
+    describe_validation_error,
+)
 from .reports import report
 from .results import MAX_PROGRESS_BYTES, NotStorable, to_json_text
 from .tracing import JobTracing
@@ -61,11 +67,14 @@ class JobRunner:
         registration: Registration,
         renew_at: float,
         traceparent: str | None = None,
+        owner: str | None = None,
     ) -> asyncio.Task[None]:
         """Run `job` in a task of its own, its lease kept (renewed from `renew_at` on) and its
         handler stopped after the kind's timeout; its span a child of `traceparent` when
-        tracing is on. Call ended() when the task is done."""
-        task = asyncio.create_task(self._run(job, registration, traceparent), name=f"job-{job.id}")
+        tracing is on; `owner` is the handler's job.owner. Call ended() when the task is
+        done."""
+        run = self._run(job, registration, traceparent, owner)
+        task = asyncio.create_task(run, name=f"job-{job.id}")
         self._keeper.watch(task, job, renew_at, time.monotonic() + registration.timeout)
         return task
 
@@ -81,7 +90,11 @@ class JobRunner:
             )
 
     async def _run(
-        self, job: Job, registration: Registration, traceparent: str | None = None
+        self,
+        job: Job,
+        registration: Registration,
+        traceparent: str | None = None,
+        owner: str | None = None,
     ) -> None:
         started = time.monotonic()
         if log.isEnabledFor(logging.INFO):
@@ -103,6 +116,7 @@ class JobRunner:
             job.queue,
             job.attempts,
             job.max_attempts,
+            owner,
             progress_reporter=functools.partial(self._report_progress, job),
         )
         try:
@@ -118,7 +132,7 @@ class JobRunner:
             await self._stopped(job, reason, registration, started)
             return
         except PermanentError as exc:
-            await self._fail(job, str(exc), retryable=False, started=started)
+            await self._fail(job, _permanent_error(exc), retryable=False, started=started)
             return
         except Exception as exc:
             await self._fail(job, describe_exception(exc), retryable=True, started=started)
@@ -210,3 +224,10 @@ class JobRunner:
             lease_seconds=self._lease_seconds,
             outage=self._outage,
         )
+
+
+def _permanent_error(exc: PermanentError) -> str:
+    """The last_error of a job a handler failed for good: the message alone, or for a
+    UserFacingError `UserFacingError: <message>`, the form whose message the job's owner
+    reads in my_jobs (and nothing else)."""
+    return describe_exception(exc) if isinstance(exc, UserFacingError) else str(exc)

@@ -128,6 +128,28 @@ class QueueFunctions(ABC):
         rows = await self.call("trace_contexts", {"job_ids": job_ids})
         return {int(row["id"]): row["traceparent"] for row in rows}
 
+    async def job_owners(self, job_ids: list[int]) -> dict[int, str]:
+        """The owner (auth.users id) of each of these jobs that a signed-in user submitted
+        from the app; the other jobs have none."""
+        rows = await self.call("job_owners", {"job_ids": job_ids})
+        return {int(row["id"]): str(row["owner"]) for row in rows}
+
+    async def allow_client_kind(self, kind: str, per_minute: int) -> None:
+        """Let signed-in users submit jobs of `kind` from the app (client_enqueue()), at most
+        `per_minute` a minute each (1 to 10000); again: change the rate. Refused for a bad
+        kind or rate."""
+        await self.call("allow_client_kind", {"kind": kind, "per_minute": per_minute})
+
+    async def disallow_client_kind(self, kind: str) -> bool:
+        """Refuse new submissions of `kind` from the app (jobs already submitted run, and
+        their owners still see them); False when it was not open."""
+        return bool(await self._value("disallow_client_kind", kind=kind))
+
+    async def client_kinds(self) -> dict[str, int]:
+        """The kinds open to signed-in users, each with its per-user rate a minute."""
+        rows = await self.read("client_kinds", columns=("kind", "per_minute"), order=["kind"])
+        return {row["kind"]: int(row["per_minute"]) for row in rows}
+
     async def checkin(self, worker: str, queue: str, kinds: list[str]) -> None:
         """Tell the database that `worker` claims `kinds` from `queue` (see `unclaimed`)."""
         await self.call("checkin", {"worker": worker, "queue": queue, "kinds": kinds})

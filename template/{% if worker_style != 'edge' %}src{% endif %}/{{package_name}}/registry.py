@@ -37,6 +37,9 @@ class JobInfo:
     queue: str
     attempt: int
     max_attempts: int
+    # The user who submitted the job from the app (their auth.users id), for jobs a signed-in
+    # user submitted with <schema>_public.client_enqueue(); None for the others.
+    owner: str | None = None
     # Set by the worker. A test that calls a handler directly may pass its own (one that
     # records what is reported, say), or none: progress then goes nowhere.
     progress_reporter: ProgressReporter | None = field(default=None, repr=False, compare=False)
@@ -56,6 +59,12 @@ class JobInfo:
 class PermanentError(Exception):
     """Raise this from a handler when trying again cannot help (say, the webhook URL answers
     410 Gone): the job goes to the dead letters at once instead of being retried."""
+
+
+class UserFacingError(PermanentError):
+    """Raise this from a handler of a kind users submit from the app to fail the job for good
+    with a message its owner reads (my_jobs.error), e.g. "the export is over 1 GB". Word it
+    for them: it is the only error they see (any other error shows as none)."""
 
 
 # A handler returns its job's result, or None.

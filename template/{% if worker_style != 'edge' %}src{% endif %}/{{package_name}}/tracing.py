@@ -25,14 +25,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from .logs import describe_exception
-from .queue_client import Job
+from .queue_client import Job, QueueClient
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
+
+log = logging.getLogger(__name__)
 
 # The instrumentation's name, as trace backends show it: this package's.
 TRACER_NAME = __name__.rpartition(".")[0]
@@ -139,3 +142,21 @@ def current_traceparent() -> str | None:
     carrier: dict[str, str] = {}
     TraceContextTextMapPropagator().inject(carrier)
     return carrier.get("traceparent")
+
+
+async def read_traceparents(
+    queue: QueueClient, tracing: JobTracing | None, jobs: list[Job]
+) -> dict[int, str]:
+    """The traceparents the claimed jobs were enqueued with, read in one call when tracing is
+    on (the claim does not return them); without them the spans start new traces."""
+    if tracing is None or not jobs:
+        return {}
+    try:
+        return await queue.trace_contexts([job.id for job in jobs])
+    except Exception as exc:  # an older database, or an outage: the jobs run all the same
+        log.warning(
+            "trace contexts unavailable (apply the migrations: supabase migration up): %s",
+            exc,
+            extra={"event": "worker.trace_contexts_failed", "error": str(exc)},
+        )
+        return {}

@@ -35,10 +35,11 @@ from .health import log_health
 from .job_runner import JobRunner
 from .leases import LeaseKeeper
 from .metrics import WorkerMetrics
+from .owners import JobOwners
 from .queue_client import Job, QueueClient, QueueUnavailable
 from .registry import Registry, registry
 from .settings import Settings
-from .tracing import start_tracing
+from .tracing import read_traceparents, start_tracing
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,8 @@ class Worker:
         self.metrics = metrics or WorkerMetrics()
         # Spans for handler runs when WORKER_TRACING=on: see tracing.py.
         self._tracing = start_tracing() if settings.tracing else None
+        # The kinds open to the app's users, and the owners of their jobs: see owners.py.
+        self._owners = JobOwners(queue)
         # Built when the first run() or drain() starts: see _Machinery.
         self._machinery: _Machinery | None = None
         self._next_checkin = 0.0
@@ -286,9 +289,12 @@ class Worker:
         outage.reset()
         self._outage.over()  # reports waiting out the outage go now
         self.metrics.claimed(jobs)
-        traceparents = await self._traceparents(jobs)
+        traceparents = await read_traceparents(self._queue, self._tracing, jobs)
+        owners = await self._owners.of(jobs)
         for job in jobs:
-            self._start(machinery.runner, job, renew_at, traceparents.get(job.id))
+            self._start(
+                machinery.runner, job, renew_at, traceparents.get(job.id), owners.get(job.id)
+            )
         return jobs
 
     async def _wait_for_jobs(self, completions: Completions, timeout: float) -> None:
@@ -300,8 +306,10 @@ class Worker:
         completions.expect_claims(True)
 
     async def _checkin(self, kinds: list[str]) -> None:
-        """Tell the database which kinds this worker claims; never stops the worker."""
+        """Tell the database which kinds this worker claims, and learn which kinds are open
+        to the app's users (owners.py); never stops the worker."""
         self._next_checkin = time.monotonic() + _CHECKIN_INTERVAL
+        await self._owners.refresh()
         try:
             await self._queue.checkin(self._settings.worker_name, self._settings.queue, kinds)
         except Exception as exc:  # an older database, or an outage the claim will meet too
@@ -324,26 +332,18 @@ class Worker:
                 extra={"event": "worker.checkout_failed", "error": str(exc)},
             )
 
-    async def _traceparents(self, jobs: list[Job]) -> dict[int, str]:
-        """The traceparents the claimed jobs were enqueued with, read in one call when tracing
-        is on (the claim does not return them); without them the spans start new traces."""
-        if self._tracing is None or not jobs:
-            return {}
-        try:
-            return await self._queue.trace_contexts([job.id for job in jobs])
-        except Exception as exc:  # an older database, or an outage: the jobs run all the same
-            log.warning(
-                "trace contexts unavailable (apply the migrations: supabase migration up): %s",
-                exc,
-                extra={"event": "worker.trace_contexts_failed", "error": str(exc)},
-            )
-            return {}
-
-    def _start(self, runner: JobRunner, job: Job, renew_at: float, traceparent: str | None) -> None:
+    def _start(
+        self,
+        runner: JobRunner,
+        job: Job,
+        renew_at: float,
+        traceparent: str | None,
+        owner: str | None,
+    ) -> None:
         registration = self._handlers.get(job.kind)
         # The claim named only the kinds registered here, and a registry only ever grows.
         assert registration is not None, f"claimed a job of kind {job.kind!r} with no handler"
-        task = runner.start(job, registration, renew_at, traceparent)
+        task = runner.start(job, registration, renew_at, traceparent, owner)
         self._running[task] = job
         task.add_done_callback(self._ended)
 

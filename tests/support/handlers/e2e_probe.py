@@ -1,5 +1,5 @@
-"""e2e_probe: records each run in a file; sleeps, fails, reports progress and returns a result
-on demand (template tests)."""
+"""e2e_probe: records each run (and the job's owner) in a file; sleeps, fails (a
+UserFacingError too), reports progress and returns a result on demand (template tests)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..registry import JobInfo, handler
+from ..registry import JobInfo, UserFacingError, handler
 
 
 class Probe(BaseModel):
@@ -19,6 +19,8 @@ class Probe(BaseModel):
     sleep: float = 0
     sleep_first_attempt_only: bool = False
     error: str | None = None
+    # raised as a UserFacingError: the message the job's owner reads in my_jobs
+    user_error: str | None = None
     # reported with job.report_progress() before the sleep, when given
     progress: Any = None
     # returned: the job's result
@@ -34,12 +36,14 @@ async def e2e_probe(payload: Probe, job: JobInfo) -> Any:
         with Path(payload.log).open("a") as f:
             f.write(json.dumps(line) + "\n")
 
-    record("start")
+    record("start", owner=job.owner)
     if payload.progress is not None:
         record("progress", reported=await job.report_progress(payload.progress))
     if payload.sleep and (job.attempt == 1 or not payload.sleep_first_attempt_only):
         await asyncio.sleep(payload.sleep)
     if payload.error:
         raise RuntimeError(payload.error)
+    if payload.user_error:
+        raise UserFacingError(payload.user_error)
     record("end")
     return float("nan") if payload.nan_result else payload.result

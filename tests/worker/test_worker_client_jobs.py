@@ -1,0 +1,108 @@
+"""Jobs of an app's signed-in users, run by a real worker of each transport (release 1.1.0,
+docs/client-jobs.md): the handler sees job.owner for a job a user submitted through the Data
+API (the PostgREST stand-in, with the user's JWT) and None for one the service enqueued; a
+UserFacingError's message is what the owner reads in my_jobs."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+
+from testkit.cluster import Cluster
+from testkit.postgrest import PostgRESTStandIn, make_jwt
+from testkit.project import PYTHON_VARIANTS
+from tests.support.jobs import enqueue, job, probe_lines, wait_until
+from tests.support.workers import Installed, Workers
+
+PUBLIC = "pgqueue_public"
+
+
+@pytest.fixture(scope="module")
+def app_api(stack: Cluster, project: Path) -> Iterator[PostgRESTStandIn]:
+    """The Data API as the app's users reach it: the queue's public schema exposed."""
+    with PostgRESTStandIn(stack.dsn(user="authenticator"), schemas=(PUBLIC,)) as api:
+        yield api
+
+
+@pytest.fixture
+def probe_open(db: psycopg.Connection) -> Iterator[None]:
+    """The probe's kind open to signed-in users, and closed again after the test."""
+    db.execute("truncate pgqueue.client_kinds, pgqueue.client_jobs, pgqueue.client_rates")
+    db.execute("select pgqueue.allow_client_kind('e2e_probe', 100)")
+    yield
+    db.execute("truncate pgqueue.client_kinds, pgqueue.client_jobs, pgqueue.client_rates")
+
+
+def as_user(api: PostgRESTStandIn, user: uuid.UUID) -> httpx.Client:
+    token = make_jwt("authenticated", sub=str(user))
+    return httpx.Client(
+        base_url=f"{api.url}/rest/v1",
+        headers={
+            "Authorization": f"Bearer {token}",
+            "Content-Profile": PUBLIC,
+            "Accept-Profile": PUBLIC,
+        },
+        timeout=30,
+    )
+
+
+# The job runner is the same code in both styles: once per transport is enough.
+@pytest.mark.parametrize(
+    "installed",
+    [v for v in PYTHON_VARIANTS if v.worker_style == "python"],
+    indirect=True,
+    ids=str,
+)
+def test_handlers_see_the_owner_and_the_owner_reads_a_user_facing_error(
+    installed: Installed,
+    workers: Workers,
+    db: psycopg.Connection,
+    app_api: PostgRESTStandIn,
+    probe_open: None,
+    wake_secret: str,
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "runs.jsonl"
+    user = uuid.uuid4()
+    workers.start_woken(db, wake_secret)
+    with as_user(app_api, user) as api:
+        submitted = api.post(
+            "/rpc/client_enqueue", json={"kind": "e2e_probe", "payload": {"log": str(log)}}
+        )
+        assert submitted.status_code == 200, submitted.text
+        mine = submitted.json()
+        refused = api.post(
+            "/rpc/client_enqueue",
+            json={
+                "kind": "e2e_probe",
+                "payload": {"log": str(log), "user_error": "that file is too big to export"},
+            },
+        )
+        assert refused.status_code == 200, refused.text
+        failing = refused.json()
+        theirs = enqueue(db, log=str(log))
+
+        def finished() -> bool:
+            return all(job(db, i)["status"] in ("done", "failed") for i in (mine, failing, theirs))
+
+        wait_until(finished, what="the three jobs to finish")
+        starts = [line for line in probe_lines(log) if line["at"] == "start"]
+        owners = {line["job_id"]: line["owner"] for line in starts}
+        assert owners == {mine: str(user), failing: str(user), theirs: None}
+
+        # Stored as `UserFacingError: <message>`, failed at once (no retry) ...
+        failed = job(db, failing)
+        assert (failed["status"], failed["attempts"]) == ("failed", 1)
+        assert failed["last_error"] == "UserFacingError: that file is too big to export"
+        # ... and the owner reads the message alone; the service's job is not theirs.
+        rows = api.get("/my_jobs", params={"select": "id,status,error", "order": "id.desc"})
+        assert rows.status_code == 200, rows.text
+        assert rows.json() == [
+            {"id": failing, "status": "failed", "error": "that file is too big to export"},
+            {"id": mine, "status": "done", "error": None},
+        ]
