@@ -14,6 +14,11 @@ export interface Job {
   maxAttempts: number;
   /** Jobs sharing a key run at most the key's limit at once (null: no key). */
   concurrencyKey: string | null;
+  /**
+   * The user who submitted the job from the app (their auth.users id), for jobs a signed-in
+   * user submitted with `<schema>_public.client_enqueue()`; null for the others.
+   */
+  owner: string | null;
 }
 
 export interface JobContext {
@@ -39,6 +44,15 @@ export interface JobContext {
  */
 export class PermanentError extends Error {
   override name = "PermanentError";
+}
+
+/**
+ * A failure whose message the job's owner reads (`my_jobs.error`), for kinds the app's users
+ * submit: the job goes to the dead letters at once, as with PermanentError. Word it for them:
+ * it is the only error they see (any other shows as none).
+ */
+export class UserFacingError extends PermanentError {
+  override name = "UserFacingError";
 }
 
 /**

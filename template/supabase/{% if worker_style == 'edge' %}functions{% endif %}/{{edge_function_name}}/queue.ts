@@ -35,6 +35,8 @@ export interface ClaimedJob {
   locked_until: string;
   /** Jobs sharing a key run at most the key's limit at once (null: no key). */
   concurrency_key: string | null;
+  /** Who submitted it from the app (owners.ts sets it; the claim does not return it). */
+  owner?: string | null;
 }
 
 /** A running attempt: the job and the lock token its claim handed out. */
@@ -97,6 +99,10 @@ export interface WorkerQueue {
   checkin(worker: string, queue: string, kinds: string[], signal?: AbortSignal): Promise<void>;
   /** The largest result a job may store, in bytes (`max_result_bytes` in the config). */
   maxResultBytes(signal?: AbortSignal): Promise<number>;
+  /** The kinds open to the app's signed-in users (the `client_kinds` table). */
+  clientKinds(signal?: AbortSignal): Promise<string[]>;
+  /** The owner of each of these jobs that a signed-in user submitted (`job_owners()`). */
+  jobOwners(ids: readonly number[], signal?: AbortSignal): Promise<Map<number, string>>;
 }
 
 /** The whole queue: the worker's calls, and the rest of the SQL contract for app code. */
@@ -121,6 +127,11 @@ const claimedRows = rowsOf<Omit<ClaimedJob, "queue">>("claimed jobs", {
   locked_at: "string",
   locked_until: "string",
   concurrency_key: ["string", "null"],
+});
+const kindRows = rowsOf<{ kind: string }>("client kinds", { kind: "string" });
+const ownerRows = rowsOf<{ id: number; owner: string }>("job owners", {
+  id: "number",
+  owner: "string",
 });
 const configRow = shape<{ max_result_bytes: number }[]>(
   "the config row, with its max_result_bytes",
@@ -171,6 +182,12 @@ export function workerQueue(api: DataApi): WorkerQueue {
     maxResultBytes: async (signal) => {
       const [row] = await api.read("config", configRow, { columns: "max_result_bytes", signal });
       return row.max_result_bytes;
+    },
+    clientKinds: async (signal) =>
+      (await api.read("client_kinds", kindRows, { columns: "kind", signal })).map((r) => r.kind),
+    jobOwners: async (ids, signal) => {
+      const rows = await api.call("job_owners", { job_ids: ids }, ownerRows, signal);
+      return new Map(rows.map(({ id, owner }) => [id, owner]));
     },
   };
 }

@@ -4,7 +4,7 @@
 // deadline or the function's unloading is released. The database measures a result as it
 // stores it and may refuse one: then the jobs with a result are completed one at a time and
 // the refused ones failed. The size limit for results is read once, when the first comes.
-import { PermanentError } from "./job.ts";
+import { PermanentError, UserFacingError } from "./job.ts";
 import {
   type ClaimedJob,
   type DoneJob,
@@ -147,8 +147,12 @@ export class Reporter {
   /** fail()s the job: retried later, or dead-lettered when `error` is permanent. */
   async fail(job: ClaimedJob, error: unknown): Promise<void> {
     const retryable = !(error instanceof PermanentError);
-    // The place a result was refused is the worker's, not the handler's: no stack.
-    const stored = describe(error, !(error instanceof ResultError));
+    // The place a result was refused is the worker's, not the handler's: no stack. A
+    // UserFacingError is stored as `UserFacingError: <message>`, all its owner reads.
+    const stored = describe(
+      error,
+      !(error instanceof ResultError || error instanceof UserFacingError),
+    );
     try {
       const signal = this.options.callSignal();
       const status = await this.options.queue.fail(job, stored, retryable, signal);

@@ -131,6 +131,7 @@ export function toJob(job: ClaimedJob): Job {
     attempt: job.attempts,
     maxAttempts: job.max_attempts,
     concurrencyKey: job.concurrency_key,
+    owner: job.owner ?? null,
   };
 }
 

@@ -139,6 +139,23 @@ export class MemoryQueue implements WorkerQueue {
     return Promise.resolve(this.resultLimit);
   }
 
+  /** The kinds open to the app's users, and the owner of each job one of them submitted. */
+  clientKindList: string[] = [];
+  owners = new Map<number, string>();
+  /** The ids of each jobOwners() call. */
+  ownerCalls: number[][] = [];
+
+  clientKinds(): Promise<string[]> {
+    return Promise.resolve([...this.clientKindList]);
+  }
+
+  jobOwners(ids: readonly number[]): Promise<Map<number, string>> {
+    this.ownerCalls.push([...ids]);
+    return Promise.resolve(
+      new Map(ids.flatMap((id) => this.owners.has(id) ? [[id, this.owners.get(id)!]] : [])),
+    );
+  }
+
   checkins: { worker: string; queue: string; kinds: string[] }[] = [];
 
   checkin(worker: string, queue: string, kinds: string[]): Promise<void> {
@@ -218,6 +235,7 @@ export function jobContext(
       attempt: 1,
       maxAttempts: 5,
       concurrencyKey: null,
+      owner: null,
       ...job,
     },
     signal: new AbortController().signal,

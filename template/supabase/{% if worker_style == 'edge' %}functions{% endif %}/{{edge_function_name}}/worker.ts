@@ -14,6 +14,7 @@ import { type Clock, systemClock } from "./clock.ts";
 import { type LogEvent, logJson } from "./log.ts";
 import type { HandlerMap } from "./job.ts";
 import type { ClaimedJob, DoneJob, WorkerQueue } from "./queue.ts";
+import { JobOwners } from "./owners.ts";
 import { type ReportCounts, Reporter } from "./report.ts";
 import { describe, type JobRunContext, runJob } from "./run_job.ts";
 export interface DrainOptions {
@@ -122,6 +123,7 @@ class QueueDrain implements Drain {
   private cutBatch: AbortController | undefined;
   private readonly reporter: Reporter;
   private readonly checkins: Promise<void>[] = [];
+  private readonly owners: JobOwners;
   // The lease the database gives a claim that asks for none, once a claim has shown it.
   private databaseLeaseSeconds: number | undefined;
 
@@ -146,6 +148,7 @@ class QueueDrain implements Drain {
       callSignal: () => this.callSignal(),
     });
     this.checkIn(this.queues);
+    this.owners = new JobOwners(options.queue, this.callSignal(), this.log);
     this.done = this.run();
   }
 
@@ -302,6 +305,7 @@ class QueueDrain implements Drain {
       for (const job of jobs) await this.reporter.release(job);
       return 0;
     }
+    await this.owners.assign(jobs, this.callSignal(this.deadline));
     const leaseMs = shortestLeaseMs(jobs);
     if (this.options.leaseSeconds === undefined && this.databaseLeaseSeconds === undefined) {
       this.databaseLeaseSeconds = Math.round(leaseMs / 1000);
