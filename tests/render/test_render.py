@@ -275,7 +275,7 @@ def test_non_default_answers_reach_every_file(template: Path, tmp_path: Path) ->
     )
     assert_clean(project, wrapping=False)  # prose is wrapped for the default answers
     config = (project / "supabase/config.toml").read_text()
-    assert 'schemas = ["public", "graphql_public", "billing_q"]' in config
+    assert 'schemas = ["public", "graphql_public", "billing_q", "billing_q_public"]' in config
     assert 'project_id = "billing-jobs"' in config
     sql = "\n".join(p.read_text() for p in (project / "supabase").rglob("*.sql"))
     # Metric names start with pgqueue_ whatever the schema (docs/observability.md lists them).

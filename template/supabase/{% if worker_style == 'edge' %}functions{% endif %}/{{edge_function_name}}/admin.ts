@@ -161,6 +161,10 @@ const healthRows = rowsOf<HealthCheck>("health checks", {
   ok: "boolean",
   detail: "string",
 });
+const clientKindRows = rowsOf<{ kind: string; per_minute: number }>("client kinds", {
+  kind: "string",
+  per_minute: "number",
+});
 const traceRows = rowsOf<{ id: number; traceparent: string }>("trace contexts", {
   id: "number",
   traceparent: "string",
@@ -172,7 +176,12 @@ const traceRows = rowsOf<{ id: number; traceparent: string }>("trace contexts", 
  * call is.
  */
 export function adminQueue(api: DataApi) {
-  return { ...jobCalls(api), ...flowControlCalls(api), ...observationCalls(api) };
+  return {
+    ...jobCalls(api),
+    ...flowControlCalls(api),
+    ...clientKindCalls(api),
+    ...observationCalls(api),
+  };
 }
 
 /** Jobs: adding them, bringing back or cancelling one, reading one. */
@@ -254,6 +263,23 @@ function flowControlCalls(api: DataApi) {
     /** Changes the settings in `changes` (none: only reads); the whole configuration. */
     configure: (changes: Record<string, Json> = {}) =>
       api.call("configure", { changes }, configuration),
+  };
+}
+
+/** The kinds the app's signed-in users may submit (docs/client-jobs.md). */
+function clientKindCalls(api: DataApi) {
+  return {
+    /**
+     * Lets signed-in users submit jobs of `kind` from the app (`client_enqueue()`), at most
+     * `perMinute` (1 to 10000) a minute each; again: changes the rate.
+     */
+    allowClientKind: (kind: string, perMinute: number) =>
+      api.call("allow_client_kind", { kind, per_minute: perMinute }, nothing),
+    /** Refuses new submissions of `kind` from the app; false when it was not open. */
+    disallowClientKind: (kind: string) => api.call("disallow_client_kind", { kind }, boolean),
+    /** The kinds open to signed-in users, each with its per-user rate a minute. */
+    allowedClientKinds: () =>
+      api.read("client_kinds", clientKindRows, { columns: "kind,per_minute" }),
   };
 }
 

@@ -375,3 +375,32 @@ Deno.test("a call whose signal aborts gives up, with a QueueError", async () => 
     },
   );
 });
+
+Deno.test("the client-kind calls and the worker's owner calls", async () => {
+  const owner = "6f1c2d3e-0000-4000-8000-000000000001";
+  const answers: Record<string, unknown> = {
+    "rpc/allow_client_kind": undefined,
+    "rpc/disallow_client_kind": true,
+    "rpc/job_owners": [{ id: 4, owner }],
+    "client_kinds?select=kind,per_minute&limit=1000": [{ kind: "export_data", per_minute: 10 }],
+    "client_kinds?select=kind&limit=1000": [{ kind: "export_data" }],
+  };
+  await withApi(
+    (path) => answers[decodeURIComponent(path)],
+    async (queue, got) => {
+      await queue.allowClientKind("export_data", 10);
+      assert.equal(await queue.disallowClientKind("export_data"), true);
+      assert.deepEqual(await queue.allowedClientKinds(), [{ kind: "export_data", per_minute: 10 }]);
+      assert.deepEqual(await queue.clientKinds(), ["export_data"]);
+      assert.deepEqual(await queue.jobOwners([4, 5]), new Map([[4, owner]]));
+      const sent = got.map(({ method, path, body }) => [method, decodeURIComponent(path), body]);
+      assert.deepEqual(sent, [
+        ["POST", "rpc/allow_client_kind", { kind: "export_data", per_minute: 10 }],
+        ["POST", "rpc/disallow_client_kind", { kind: "export_data" }],
+        ["GET", "client_kinds?select=kind,per_minute&limit=1000", null],
+        ["GET", "client_kinds?select=kind&limit=1000", null],
+        ["POST", "rpc/job_owners", { job_ids: [4, 5] }],
+      ]);
+    },
+  );
+});
