@@ -109,7 +109,6 @@ class JobRunner:
             error = f"invalid payload for {job.kind!r}: {describe_validation_error(exc)}"
             await self._fail(job, error, retryable=False, started=started)
             return
-
         info = JobInfo(
             job.id,
             job.kind,
