@@ -257,7 +257,8 @@ def test_readme_describes_only_its_variant(
     # the postgres transport waits on LISTEN when idle (python) or while it lingers (python-http)
     assert ("LISTEN" in readme) == (transport == "postgres")
     assert ("uv sync" in readme) == (style != "edge")
-    assert ("Exposed schemas" in readme) == (style == "edge" or transport == "supabase")
+    exposes_the_queue = "add `pgqueue` under **Project Settings > Data API > Exposed schemas**"
+    assert (exposes_the_queue in readme) == (style == "edge" or transport == "supabase")
     steps = re.findall(r"^(\d)\. ", readme.split("## Setting up")[1].split("\n## ")[0], re.M)
     assert steps == [str(n) for n in range(1, len(steps) + 1)], "setup steps numbered in order"
 
