@@ -84,7 +84,8 @@ def test_the_pages_supabase_js_example_follows_the_pages_handler_to_the_end(
     try:
         point_wake_ups(db, worker.url, worker.wake_secret)
         client = page_example("client_enqueue")
-        script = export_function.parent / "client_example.ts"
+        # in the function's folder, so that its deno.json maps "@supabase/supabase-js"
+        script = export_function / "client_example.ts"
         script.write_text(client.first + client.code)
         user = uuid.uuid4()
         env = deno.env(

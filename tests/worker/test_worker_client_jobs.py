@@ -5,6 +5,9 @@ UserFacingError's message is what the owner reads in my_jobs."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +20,7 @@ from testkit.cluster import Cluster
 from testkit.postgrest import PostgRESTStandIn, make_jwt
 from testkit.project import PYTHON_VARIANTS
 from tests.support.jobs import enqueue, job, probe_lines, wait_until
-from tests.support.workers import Installed, Workers
+from tests.support.workers import SCRIPT, Installed, Workers
 
 PUBLIC = "pgqueue_public"
 
@@ -106,3 +109,37 @@ def test_handlers_see_the_owner_and_the_owner_reads_a_user_facing_error(
             {"id": failing, "status": "failed", "error": "that file is too big to export"},
             {"id": mine, "status": "done", "error": None},
         ]
+
+
+@pytest.mark.parametrize(
+    "installed",
+    [v for v in PYTHON_VARIANTS if v.worker_style == "python"],
+    indirect=True,
+    ids=str,
+)
+def test_cli_opens_and_closes_kinds_to_users(
+    installed: Installed, stack_env: dict, db: psycopg.Connection
+) -> None:
+    db.execute("truncate pgqueue.client_kinds, pgqueue.client_jobs, pgqueue.client_rates")
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [installed.bin(SCRIPT), *args],
+            env={**os.environ, **stack_env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    opened = cli("allow-client-kind", "export_data", "10")
+    assert opened.stdout == "kind 'export_data': signed-in users may submit 10 a minute each\n"
+    listed = cli("client-kinds")
+    assert [json.loads(line) for line in listed.stdout.splitlines()] == [
+        {"kind": "export_data", "per_minute": 10}
+    ]
+    closed = cli("disallow-client-kind", "export_data").stdout
+    assert closed == "kind 'export_data': closed to users\n"
+    assert cli("disallow-client-kind", "export_data").stdout == "kind 'export_data': was not open\n"
+    refused = cli("allow-client-kind", "export_data", "0")
+    assert refused.returncode != 0 and refused.stdout == ""
+    assert "per_minute must be 1 to 10000 jobs a minute per user, got 0" in refused.stderr
