@@ -58,6 +58,19 @@ def type_check(installed: Installed, root: Path, found: list[Example]) -> str:
     )
 
 
+def all_examples(installed: Installed) -> list[Example]:
+    found = [e for page in DOC_PAGES for e in examples(page, f"docs/{page.name}", "python")]
+    found += examples(installed.path / "README.md", "README.md", "python")
+    handlers = installed.path / "src" / PACKAGE / "handlers" / "README.md"
+    return found + examples(handlers, "handlers/README.md", "python")
+
+
+def uses_supabase_py(example: Example) -> bool:
+    """An example of an app's code with supabase-py (docs/client-jobs.md), which only the
+    supabase transport's projects depend on."""
+    return "from supabase import" in example.first + example.code
+
+
 # The postgres transport's projects: the docs import its transport, and the README's example
 # enqueues on a direct connection with psycopg, which they depend on.
 @pytest.mark.parametrize(
@@ -67,10 +80,14 @@ def type_check(installed: Installed, root: Path, found: list[Example]) -> str:
     ids=str,
 )
 def test_the_python_examples_type_check(installed: Installed, tmp_path: Path) -> None:
-    found = [e for page in DOC_PAGES for e in examples(page, f"docs/{page.name}", "python")]
-    found += examples(installed.path / "README.md", "README.md", "python")
-    handlers = installed.path / "src" / PACKAGE / "handlers" / "README.md"
-    found += examples(handlers, "handlers/README.md", "python")
+    found = [e for e in all_examples(installed) if not uses_supabase_py(e)]
+    assert type_check(installed, tmp_path, found) == ""
+
+
+@pytest.mark.parametrize("installed", [variant("python", "supabase")], indirect=True, ids=str)
+def test_the_supabase_py_examples_type_check(installed: Installed, tmp_path: Path) -> None:
+    found = [e for e in all_examples(installed) if uses_supabase_py(e) and not e.skipped]
+    assert len(found) >= 2, found  # docs/client-jobs.md's and the README's
     assert type_check(installed, tmp_path, found) == ""
 
 
