@@ -12,6 +12,8 @@
 - A handler's return value is its job's result: it rides along with the completion (a
   result that is not JSON, or over the configured max_result_bytes, fails its job instead;
   results.py). Handlers may report progress as they go (JobInfo.report_progress()).
+- A job a signed-in user of the app submitted carries its owner (job.owner), read after the
+  claim and only for batches with kinds open to users (owners.py).
 - Idle, the worker waits for a wake-up (LISTEN with the postgres transport) or polls with a
   growing pause; it never spins. A lost connection is retried with backoff; the first call
   that gets through again (a claim or a report) ends every other call's pause (Outage).
