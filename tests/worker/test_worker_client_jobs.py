@@ -18,7 +18,7 @@ import pytest
 
 from testkit.cluster import Cluster
 from testkit.postgrest import PostgRESTStandIn, make_jwt
-from testkit.project import PYTHON_VARIANTS
+from testkit.project import PYTHON_VARIANTS, render
 from tests.support.jobs import enqueue, job, probe_lines, wait_until
 from tests.support.workers import SCRIPT, Installed, Workers
 
@@ -143,3 +143,60 @@ def test_cli_opens_and_closes_kinds_to_users(
     refused = cli("allow-client-kind", "export_data", "0")
     assert refused.returncode != 0 and refused.stdout == ""
     assert "per_minute must be 1 to 10000 jobs a minute per user, got 0" in refused.stderr
+
+
+# What owners.py does with the kinds it read: run on pytest's interpreter, with a stand-in for
+# the queue client that counts its calls.
+OWNERS_SCRIPT = """
+import asyncio, json
+from types import SimpleNamespace as Job
+from my_app.owners import JobOwners
+
+class Queue:
+    def __init__(self):
+        self.open, self.calls = {}, []
+    async def client_kinds(self):
+        if self.open is None:
+            raise RuntimeError("relation client_kinds does not exist")
+        return dict(self.open)
+    async def job_owners(self, ids):
+        self.calls.append(ids)
+        return {i: "user-" + str(i) for i in ids if i % 2}
+
+async def main():
+    queue = Queue()
+    owners = JobOwners(queue)
+    batch = [Job(id=1, kind="export"), Job(id=2, kind="export"), Job(id=3, kind="email")]
+    await owners.refresh()
+    none_open = await owners.of(batch)
+    queue.open = {"export": 10}
+    await owners.refresh()
+    opened = await owners.of(batch)
+    queue.open = None  # a failed read keeps what was known
+    await owners.refresh()
+    queue.open = {}  # closed: its jobs keep their owners
+    await owners.refresh()
+    closed = await owners.of(batch)
+    print(json.dumps([none_open, opened, closed, queue.calls]))
+
+asyncio.run(main())
+"""
+
+
+def test_owners_are_read_only_for_kinds_open_to_users(
+    template: Path, tmp_path: Path, interpreter: Path
+) -> None:
+    project = render(template, tmp_path / "app", worker_style="python", claim_transport="supabase")
+    proc = subprocess.run(
+        [interpreter / "bin" / "python", "-c", OWNERS_SCRIPT],
+        env={**os.environ, "PYTHONPATH": str(project / "src")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    none_open, opened, closed, calls = json.loads(proc.stdout)
+    assert none_open == {}, "no kind open: no call"
+    assert opened == closed == {"1": "user-1"}
+    assert calls == [[1, 2], [1, 2]], "only the jobs of the open kind are looked up"
+    assert "client kinds unavailable" in proc.stderr, "a failed read is logged"
