@@ -264,7 +264,7 @@ def test_cli_flow_control_commands(
     db.execute("select pgqueue.fail(%s, %s, 'it broke')", (failing, token))
     dead = json.loads(ok("job", str(failing)))
     assert (dead["status"], dead["last_error"]) == ("dead-lettered", "it broke")
-    refused(1, "job 999999 not found", "job", "999999")
+    refused(1, "error: no job 999999: it was never enqueued", "job", "999999")
     refused(2, "invalid int value: 'last'", "job", "last")
 
     # pause and resume: queues and stats show it
