@@ -18,6 +18,7 @@ stand-in: a test that comes to need more fails loudly instead of getting an answ
 would not give.
 
 What it does as PostgREST does, per request:
+- CORS: any origin, as PostgREST allows by default (a browser's preflight is answered).
 - Auth: `Authorization: Bearer <jwt>` is verified as HS256 with the JWT secret; no header
   means the `anon` role; a malformed, forged or expired token is 401 PGRST301.
 - The role switch: inside the request's transaction, `role` becomes the token's `role` claim
@@ -61,6 +62,8 @@ import uvicorn
 from psycopg import AsyncConnection
 from psycopg.pq import TransactionStatus
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -486,6 +489,16 @@ class PostgRESTStandIn:
                 )
             ],
             lifespan=self._lifespan,
+            # PostgREST's default CORS: any origin, so an app's page calls the Data API itself
+            middleware=[
+                Middleware(
+                    CORSMiddleware,
+                    allow_origins=["*"],
+                    allow_methods=["GET", "HEAD", "POST", "PATCH", "PUT", "DELETE", "OPTIONS"],
+                    allow_headers=["*"],
+                    expose_headers=["Content-Encoding", "Content-Location", "Content-Range"],
+                )
+            ],
         )
 
     # lifecycle

@@ -1,8 +1,9 @@
 """The fixtures more than one folder of tests uses: the template as it is on disk, the stack
 (one Supabase-like PostgreSQL cluster per session), the default project migrated onto it, a
 connection to its emptied queue, the PostgREST stand-in in front of it, the stack under the
-names a project reads, an interpreter that can run any Python variant's worker, and each
-Python variant installed in a venv of its own. Each folder's conftest.py has only its own."""
+names a project reads, an interpreter that can run any Python variant's worker, each Python
+variant installed in a venv of its own, and a headless chromium with a fresh page. Each
+folder's conftest.py has only its own."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
 from psycopg.types.json import Jsonb
 
 from testkit.cluster import Cluster
@@ -28,6 +30,22 @@ from testkit.project import (
 )
 from testkit.stack import clear_wake_ups
 from tests.support.workers import Installed, install
+
+# The system browser (scripts/setup installs Debian's chromium); Playwright never downloads
+# one here. This machine has no network: without these flags chromium stalls on start-up
+# looking for updates, sync and the like.
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+VIEWPORT = {"width": 1280, "height": 900}
 
 
 @pytest.fixture(scope="session")
@@ -166,3 +184,19 @@ def installs(
             variant: pool.submit(install, template, tmp_path_factory.mktemp(str(variant)), variant)
             for variant in PYTHON_VARIANTS
         }
+
+
+@pytest.fixture(scope="session")
+def chromium() -> Iterator[Browser]:
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(chromium: Browser) -> Iterator[Page]:
+    """A fresh browser window (no cookies), 1280x900."""
+    context = chromium.new_context(viewport=VIEWPORT)
+    yield context.new_page()
+    context.close()

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Page
 from psycopg.types.json import Jsonb
 
 from testkit.cluster import free_port
@@ -22,21 +22,6 @@ from testkit.project import REPO, Variant, render, run, variant
 from tests.support.jobs import enqueue, wait_until
 from tests.support.workers import SCRIPT, Installed
 
-# The system browser (scripts/setup installs Debian's chromium); Playwright never downloads
-# one here. This machine has no network: without these flags chromium stalls on start-up
-# looking for updates, sync and the like.
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-VIEWPORT = {"width": 1280, "height": 900}
 # Screenshots of each run, for a person to look at (gitignored).
 ARTIFACTS = REPO / "test-artifacts" / "dashboard"
 PASSWORD = "a dashboard password for the tests"
@@ -139,22 +124,6 @@ def _answers(served: Dashboard) -> bool:
         return httpx.get(f"{served.url}/login", timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
-
-
-@pytest.fixture(scope="session")
-def chromium() -> Iterator[Browser]:
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
-
-
-@pytest.fixture
-def page(chromium: Browser) -> Iterator[Page]:
-    """A fresh browser window (no cookies), 1280x900."""
-    context = chromium.new_context(viewport=VIEWPORT)
-    yield context.new_page()
-    context.close()
 
 
 @pytest.fixture
