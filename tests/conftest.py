@@ -1,9 +1,11 @@
 """The fixtures more than one folder of tests uses: the template as it is on disk, the stack
 (one Supabase-like PostgreSQL cluster per session), the default project migrated onto it, a
-connection to its emptied queue, the PostgREST stand-in in front of it, the stack under the
-names a project reads, an interpreter that can run any Python variant's worker, each Python
-variant installed in a venv of its own, and a headless chromium with a fresh page. Each
-folder's conftest.py has only its own."""
+connection to its emptied queue, the PostgREST stand-in in front of it (also as an app's
+signed-in users reach it, the queue's public schema exposed, with their kinds, owners and
+rate buckets cleared around a test), the stack under the names a project reads, an
+interpreter that can run any Python variant's worker, each Python variant installed in a
+venv of its own, and a headless chromium with a fresh page. Each folder's conftest.py has
+only its own."""
 
 from __future__ import annotations
 
@@ -89,6 +91,35 @@ def postgrest(stack: Cluster, project: Path) -> Iterator[PostgRESTStandIn]:
     the real one, in front of the queue the default project migrated."""
     with PostgRESTStandIn(stack.dsn(user="authenticator")) as api:
         yield api
+
+
+@pytest.fixture(scope="session")
+def app_api(stack: Cluster, project: Path) -> Iterator[PostgRESTStandIn]:
+    """The Data API as an app's signed-in users reach it: the queue's public schema exposed
+    (first, so the default), and the queue's own, which only service_role may use."""
+    schemas = ("pgqueue_public", "pgqueue")
+    with PostgRESTStandIn(stack.dsn(user="authenticator"), schemas=schemas) as api:
+        yield api
+
+
+@pytest.fixture
+def clients(db: psycopg.Connection) -> Iterator[psycopg.Connection]:
+    """The db with no kind open to signed-in users and no job owner or rate bucket left, before
+    the test and after it."""
+
+    def clean() -> None:
+        db.execute("truncate pgqueue.client_kinds, pgqueue.client_jobs, pgqueue.client_rates")
+
+    clean()
+    yield db
+    clean()
+
+
+@pytest.fixture
+def export_open(clients: psycopg.Connection) -> psycopg.Connection:
+    """export_data open to signed-in users, 10 a minute, as docs/client-jobs.md opens it."""
+    clients.execute("select pgqueue.allow_client_kind('export_data', 10)")
+    return clients
 
 
 @pytest.fixture(scope="session")

@@ -10,13 +10,11 @@ from __future__ import annotations
 import shutil
 import subprocess
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from testkit.cluster import Cluster
 from testkit.postgrest import PostgRESTStandIn, make_jwt
 from testkit.project import REPO
 from testkit.stack import point_wake_ups
@@ -38,13 +36,6 @@ def page_example(containing: str) -> Example:
 
 
 @pytest.fixture(scope="module")
-def app_api(stack: Cluster, project: Path) -> Iterator[PostgRESTStandIn]:
-    """The Data API as the app's users reach it: the queue's public schema exposed."""
-    with PostgRESTStandIn(stack.dsn(user="authenticator"), schemas=("pgqueue_public",)) as api:
-        yield api
-
-
-@pytest.fixture(scope="module")
 def export_function(function_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of the rendered function with the page's export_data handler registered, as the
     page says: handlers/export_data.ts, and a line in handlers/mod.ts."""
@@ -63,21 +54,13 @@ def export_function(function_dir: Path, tmp_path_factory: pytest.TempPathFactory
     return copy
 
 
-@pytest.fixture
-def export_open(db: psycopg.Connection) -> Iterator[None]:
-    db.execute("truncate pgqueue.client_kinds, pgqueue.client_jobs, pgqueue.client_rates")
-    db.execute("select pgqueue.allow_client_kind('export_data', 10)")
-    yield
-    db.execute("truncate pgqueue.client_kinds, pgqueue.client_jobs, pgqueue.client_rates")
-
-
 def test_the_pages_supabase_js_example_follows_the_pages_handler_to_the_end(
     deno: Deno,
     export_function: Path,
     postgrest: PostgRESTStandIn,
     app_api: PostgRESTStandIn,
     db: psycopg.Connection,
-    export_open: None,
+    export_open: psycopg.Connection,
     tmp_path: Path,
 ) -> None:
     worker = start_edge_worker(deno, export_function, postgrest, PGQUEUE_LINGER_MS="0")

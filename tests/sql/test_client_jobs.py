@@ -5,7 +5,6 @@ service role, on the session's hosted-shaped database."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -13,7 +12,6 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from testkit.cluster import Cluster
 from testkit.postgrest import PostgRESTStandIn, make_jwt
 
 PUBLIC = "pgqueue_public"
@@ -48,34 +46,14 @@ class Caller:
         return response.json()
 
 
-@pytest.fixture(scope="module")
-def api(stack: Cluster, project) -> Iterator[PostgRESTStandIn]:
-    """The Data API with the queue's public schema exposed, as the project's config.toml does
-    (and the queue's own schema, which only service_role may use)."""
-    with PostgRESTStandIn(stack.dsn(user="authenticator"), schemas=(PUBLIC, "pgqueue")) as api:
-        yield api
+@pytest.fixture
+def alice(app_api: PostgRESTStandIn) -> Caller:
+    return Caller(app_api, "authenticated", uuid.uuid4())
 
 
 @pytest.fixture
-def clients(db: psycopg.Connection) -> Iterator[psycopg.Connection]:
-    """The db with no kind open to users and no owner or bucket left by another test."""
-
-    def clean() -> None:
-        db.execute("truncate pgqueue.client_kinds, pgqueue.client_jobs, pgqueue.client_rates")
-
-    clean()
-    yield db
-    clean()
-
-
-@pytest.fixture
-def alice(api: PostgRESTStandIn) -> Caller:
-    return Caller(api, "authenticated", uuid.uuid4())
-
-
-@pytest.fixture
-def bob(api: PostgRESTStandIn) -> Caller:
-    return Caller(api, "authenticated", uuid.uuid4())
+def bob(app_api: PostgRESTStandIn) -> Caller:
+    return Caller(app_api, "authenticated", uuid.uuid4())
 
 
 def allow(db: psycopg.Connection, kind: str = KIND, per_minute: int = 60) -> None:
@@ -100,17 +78,17 @@ def test_nothing_is_open_to_users_by_default(clients: psycopg.Connection, alice:
 
 
 def test_anonymous_visitors_and_the_service_role_cannot_submit_as_a_user(
-    clients: psycopg.Connection, api: PostgRESTStandIn
+    clients: psycopg.Connection, app_api: PostgRESTStandIn
 ) -> None:
     allow(clients)
-    anonymous = Caller(api, None).submit()
+    anonymous = Caller(app_api, None).submit()
     assert anonymous.status_code == 401
     assert anonymous.json()["message"] == "sign in to submit a job: only signed-in users may"
     # the service role enqueues with pgqueue.enqueue(): a job here has an owner or nothing
-    service = Caller(api, "service_role").submit()
+    service = Caller(app_api, "service_role").submit()
     assert service.status_code == 403
     assert service.json()["code"] == "42501"
-    assert Caller(api, None).read("my_jobs").status_code == 401
+    assert Caller(app_api, None).read("my_jobs").status_code == 401
     assert clients.execute("select count(*) from pgqueue.jobs").fetchone() == (0,)
 
 
@@ -177,7 +155,7 @@ def test_users_see_only_the_errors_their_handler_chose_to_show(
 
 
 def test_a_user_cancels_only_their_own_queued_job(
-    clients: psycopg.Connection, api: PostgRESTStandIn, alice: Caller, bob: Caller
+    clients: psycopg.Connection, app_api: PostgRESTStandIn, alice: Caller, bob: Caller
 ) -> None:
     allow(clients)
     mine, running = alice.submit().json(), alice.submit().json()
@@ -189,7 +167,7 @@ def test_a_user_cancels_only_their_own_queued_job(
     assert alice.rpc("client_cancel", job_id=running).json() is True
     states = {job["id"]: job["status"] for job in alice.my_jobs()}
     assert states == {mine: "running", running: "cancelled"}
-    assert Caller(api, None).rpc("client_cancel", job_id=running).status_code == 401
+    assert Caller(app_api, None).rpc("client_cancel", job_id=running).status_code == 401
 
 
 def test_the_per_user_rate_holds_under_concurrent_submits(
@@ -222,13 +200,13 @@ def test_idempotency_keys_are_per_user(
 
 
 def test_users_reach_nothing_of_the_queue_but_its_public_schema(
-    clients: psycopg.Connection, alice: Caller, api: PostgRESTStandIn
+    clients: psycopg.Connection, alice: Caller, app_api: PostgRESTStandIn
 ) -> None:
     allow(clients)
     alice.submit({"secret": "alice's"})
     for relation in ("jobs", "client_jobs", "client_kinds", "all_jobs"):
         assert alice.read(relation, schema="pgqueue").status_code == 403
-        assert Caller(api, None).read(relation, schema="pgqueue").status_code == 401
+        assert Caller(app_api, None).read(relation, schema="pgqueue").status_code == 401
     for fn, args in (
         ("job_owners", {"job_ids": [1]}),
         ("allow_client_kind", {"kind": "anything", "per_minute": 1000}),

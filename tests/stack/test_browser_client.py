@@ -18,7 +18,6 @@ import pytest
 from playwright.sync_api import Page
 from psycopg.types.json import Jsonb
 
-from testkit.cluster import Cluster
 from testkit.postgrest import PostgRESTStandIn, make_jwt
 from testkit.project import REPO
 
@@ -78,20 +77,6 @@ def app_origin(tmp_path: Path) -> Iterator[str]:
     server.shutdown()
 
 
-@pytest.fixture
-def api(stack: Cluster, project: Path) -> Iterator[PostgRESTStandIn]:
-    with PostgRESTStandIn(stack.dsn(user="authenticator"), schemas=("pgqueue_public",)) as api:
-        yield api
-
-
-@pytest.fixture
-def open_kind(db: psycopg.Connection) -> Iterator[psycopg.Connection]:
-    db.execute("truncate pgqueue.client_kinds, pgqueue.client_jobs, pgqueue.client_rates")
-    db.execute("select pgqueue.allow_client_kind(%s, 10)", (KIND,))
-    yield db
-    db.execute("truncate pgqueue.client_kinds, pgqueue.client_jobs, pgqueue.client_rates")
-
-
 def shown(page: Page, element: str, text: str) -> None:
     page.wait_for_function(
         "([id, text]) => document.getElementById(id).textContent === text",
@@ -101,28 +86,28 @@ def shown(page: Page, element: str, text: str) -> None:
 
 
 def test_a_signed_in_user_submits_from_the_browser_and_watches_the_job_finish(
-    page: Page, app_origin: str, api: PostgRESTStandIn, open_kind: psycopg.Connection
+    page: Page, app_origin: str, app_api: PostgRESTStandIn, export_open: psycopg.Connection
 ) -> None:
     user = uuid.uuid4()
     token = make_jwt("authenticated", sub=str(user))
-    page.goto(f"{app_origin}/index.html#api={api.url}&anon={make_jwt('anon')}&token={token}")
+    page.goto(f"{app_origin}/index.html#api={app_api.url}&anon={make_jwt('anon')}&token={token}")
     page.evaluate("() => { window.submitAndFollow(); }")  # not awaited: it runs on in the page
     shown(page, "status", "queued")
     job_id = int(page.text_content("#job") or "0")
-    assert open_kind.execute(
+    assert export_open.execute(
         "select owner from pgqueue.client_jobs where job_id = %s", (job_id,)
     ).fetchone() == (user,)
 
     # the worker's side, as the SQL functions a worker calls
-    (token_of_claim,) = open_kind.execute(
+    (token_of_claim,) = export_open.execute(
         "select lock_token from pgqueue.claim('browser-test', kinds => array[%s])", (KIND,)
     ).fetchone()
-    open_kind.execute(
+    export_open.execute(
         "select pgqueue.progress(%s, %s, %s)", (job_id, token_of_claim, Jsonb({"rows": 50}))
     )
     shown(page, "status", "running")
     shown(page, "progress", '{"rows":50}')
-    open_kind.execute(
+    export_open.execute(
         "select pgqueue.complete(%s, %s, %s)",
         (job_id, token_of_claim, Jsonb({"url": "exports/report.csv"})),
     )

@@ -10,13 +10,11 @@ import subprocess
 import sys
 import textwrap
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from testkit.cluster import Cluster
 from testkit.postgrest import PostgRESTStandIn, make_jwt
 from testkit.project import REPO, variant
 from tests.support.doc_examples import Example, examples
@@ -39,28 +37,12 @@ def the_client() -> Example:
     return client
 
 
-@pytest.fixture(scope="module")
-def app_api(stack: Cluster, project: Path) -> Iterator[PostgRESTStandIn]:
-    """The Data API as the app's users reach it: the queue's public schema exposed."""
-    with PostgRESTStandIn(stack.dsn(user="authenticator"), schemas=("pgqueue_public",)) as api:
-        yield api
-
-
-@pytest.fixture
-def export_open(db: psycopg.Connection) -> Iterator[None]:
-    """export_data open to signed-in users, as the page opens it, and closed after the test."""
-    db.execute("truncate pgqueue.client_kinds, pgqueue.client_jobs, pgqueue.client_rates")
-    db.execute("select pgqueue.allow_client_kind('export_data', 10)")
-    yield
-    db.execute("truncate pgqueue.client_kinds, pgqueue.client_jobs, pgqueue.client_rates")
-
-
 @pytest.mark.parametrize("installed", [variant("python", "supabase")], indirect=True, ids=str)
 def test_the_pages_supabase_py_example_follows_the_pages_handler_to_the_end(
     installed: Installed,
     workers: Workers,
     app_api: PostgRESTStandIn,
-    export_open: None,
+    export_open: psycopg.Connection,
     tmp_path: Path,
 ) -> None:
     handler = the_handler()

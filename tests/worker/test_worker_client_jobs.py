@@ -9,14 +9,12 @@ import json
 import os
 import subprocess
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import psycopg
 import pytest
 
-from testkit.cluster import Cluster
 from testkit.postgrest import PostgRESTStandIn, make_jwt
 from testkit.project import PYTHON_VARIANTS, render
 from tests.support.jobs import enqueue, job, probe_lines, wait_until
@@ -25,20 +23,10 @@ from tests.support.workers import SCRIPT, Installed, Workers
 PUBLIC = "pgqueue_public"
 
 
-@pytest.fixture(scope="module")
-def app_api(stack: Cluster, project: Path) -> Iterator[PostgRESTStandIn]:
-    """The Data API as the app's users reach it: the queue's public schema exposed."""
-    with PostgRESTStandIn(stack.dsn(user="authenticator"), schemas=(PUBLIC,)) as api:
-        yield api
-
-
 @pytest.fixture
-def probe_open(db: psycopg.Connection) -> Iterator[None]:
-    """The probe's kind open to signed-in users, and closed again after the test."""
-    db.execute("truncate pgqueue.client_kinds, pgqueue.client_jobs, pgqueue.client_rates")
-    db.execute("select pgqueue.allow_client_kind('e2e_probe', 100)")
-    yield
-    db.execute("truncate pgqueue.client_kinds, pgqueue.client_jobs, pgqueue.client_rates")
+def probe_open(clients: psycopg.Connection) -> None:
+    """The probe's kind open to signed-in users for the test."""
+    clients.execute("select pgqueue.allow_client_kind('e2e_probe', 100)")
 
 
 def as_user(api: PostgRESTStandIn, user: uuid.UUID) -> httpx.Client:
@@ -118,10 +106,8 @@ def test_handlers_see_the_owner_and_the_owner_reads_a_user_facing_error(
     ids=str,
 )
 def test_cli_opens_and_closes_kinds_to_users(
-    installed: Installed, stack_env: dict, db: psycopg.Connection
+    installed: Installed, stack_env: dict, clients: psycopg.Connection
 ) -> None:
-    db.execute("truncate pgqueue.client_kinds, pgqueue.client_jobs, pgqueue.client_rates")
-
     def cli(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
             [installed.bin(SCRIPT), *args],
