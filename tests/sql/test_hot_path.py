@@ -488,6 +488,82 @@ def test_a_job_placed_behind_the_front_waits_for_the_next_claim_from_the_head(
     assert sorted(j["id"] for j in rest) == [*ids[299:], late], "a claim the front cannot fill"
 
 
+def set_front(conn: psycopg.Connection, job_id: int, scope: str = "* default") -> None:
+    """Set `conn`'s claim front by hand, at job `job_id` (priority 0), as if its last read from
+    the head of the queue were now: valid for the claims of its open transaction."""
+    conn.execute(
+        "select set_config('pgqueue.claim_front', concat_ws(' ',"
+        " (extract(epoch from now()) * 1e6)::bigint, 0,"
+        " (extract(epoch from j.run_after) * 1e6)::bigint, j.id, %s::text), false)"
+        " from pgqueue.live_jobs as j where j.id = %s",
+        (scope, job_id),
+    )
+
+
+def claim_index_tuples(conn: psycopg.Connection) -> int:
+    """Rows of pgqueue.jobs that `conn`'s open transaction has fetched through jobs_claim_idx."""
+    return conn.execute(
+        "select pg_stat_get_xact_tuples_fetched('pgqueue.jobs_claim_idx'::regclass)"
+    ).fetchone()[0]
+
+
+def test_a_claim_reads_on_from_the_front_a_concurrent_claim_published(
+    db: psycopg.Connection, stack: Cluster
+) -> None:
+    """A claim publishes its front before it commits: a concurrent claim reads on from there
+    instead of trying each job the first one holds and skipping it. If the first rolls back,
+    its jobs lie behind both fronts, and the next claim from the head takes them."""
+    ids = enqueue_n(db, 300, **AS_ROWS)
+    with stack.connect() as a, stack.connect() as b:
+        with a.transaction(force_rollback=True):
+            assert sorted(j["id"] for j in complete_and_claim(a, max_jobs=100)) == ids[:100]
+            with b.transaction():
+                set_front(b, ids[0])  # b's own front: behind all of a's jobs
+                before = claim_index_tuples(b)
+                taken = complete_and_claim(b, max_jobs=10)
+                fetched = claim_index_tuples(b) - before
+            assert sorted(j["id"] for j in taken) == ids[100:110]
+            assert fetched <= 12, f"fetched {fetched} rows: it tried a's jobs"
+        # a rolled back: its jobs are queued again, behind every front
+        with b.transaction():
+            set_front(b, ids[109])
+            assert sorted(j["id"] for j in complete_and_claim(b, max_jobs=10)) == ids[110:120]
+    assert sorted(j["id"] for j in complete_and_claim(db, max_jobs=100)) == ids[:100]
+
+
+def test_a_front_published_for_other_kinds_is_not_read_from(
+    db: psycopg.Connection, stack: Cluster
+) -> None:
+    """A claim of kind a must not start from where a claim of kind b ended: the jobs of kind a
+    before that place are nobody's."""
+    ids = [enqueue_n(db, 1, kind=kind, **AS_ROWS)[0] for _ in range(60) for kind in "ab"]
+    a_jobs, b_jobs = ids[0::2], ids[1::2]
+    with stack.connect() as a, stack.connect() as b, a.transaction(force_rollback=True):
+        taken_b = complete_and_claim(a, max_jobs=40, kinds=["b"])
+        assert sorted(j["id"] for j in taken_b) == b_jobs[:40]
+        with b.transaction(force_rollback=True):
+            set_front(b, a_jobs[0], scope="{a} default")
+            taken_a = complete_and_claim(b, max_jobs=10, kinds=["a"])
+        assert sorted(j["id"] for j in taken_a) == a_jobs[1:11]
+
+
+def test_completions_find_their_claim_by_its_index_after_claims_is_vacuumed_empty(
+    db: psycopg.Connection, stack: Cluster
+) -> None:
+    """Vacuumed while no claim is open (autovacuum, on a quiet queue), claims has statistics
+    that say it is empty. A completion planned then must still find its claim through
+    claims_pkey: read whole, claims holds every claim completed since the last vacuum."""
+    enqueue_n(db, 2_000, **AS_ROWS)
+    db.execute("vacuum analyze pgqueue.claims")
+    assert db.execute(
+        "select relpages, reltuples from pg_class where oid = 'pgqueue.claims'::regclass"
+    ).fetchone() == (0, 0)
+    with stack.connect(autocommit=True) as conn:  # plans are made per connection
+        nested = plans_of_a_steady_call(conn)
+    assert "Seq Scan on claims" not in nested, nested
+    assert "Index Scan using claims_pkey" in nested, nested
+
+
 @pytest.mark.parametrize(
     "setting",
     [
