@@ -90,7 +90,7 @@ def snapshot_with_history(dest: Path) -> Path:
 # The template's releases, oldest first: version and commit. A release is also tagged v<version>
 # where the repo carries tags, but the tests read this list, so a clone without tags (or from
 # before them) tests every release the same (docs/maintainers/releases.md).
-RELEASES: dict[str, str] = {"0.1.0": "70dac05", "1.0.0": "da6d237"}
+RELEASES: dict[str, str] = {"0.1.0": "70dac05", "1.0.0": "da6d237", "1.1.0": "cad73d8"}
 
 
 def release_refs(repo: Path = REPO) -> list[str]:
