@@ -1,5 +1,6 @@
 """Issue 35, point 6: a project created at 0.1.0 (python worker, postgres transport) takes the
-1.0.0 upgrade while its 0.1.0 workers drain a backlog and a producer enqueues every 10 ms.
+1.0.0 upgrade while its 0.1.0 workers drain a backlog and a producer enqueues every 10 ms; and
+(last test) 1.0.0's claimers keep claiming through 1.1.0's step.
 
 The scenario, with real components throughout: 0.1.0 rendered and pushed to a fresh cluster
 with the Supabase CLI; a backlog of BACKLOG jobs enqueued with 0.1.0's enqueue_many(); two of
@@ -47,6 +48,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from testkit.cluster import Cluster
+from testkit.hosted import start_hosted_cluster
 from testkit.project import (
     SUPABASE_CLI,
     push_migrations,
@@ -390,3 +392,92 @@ def test_the_upgrade_gives_up_on_a_held_table_changes_nothing_and_lets_enqueues_
     assert len(producer.calls) > 100, "the producer enqueued throughout the push's tries"
     assert max(took for _, took in producer.calls) < 0.5
     assert claims, "the push went through once the table was free"
+
+
+# 1.1.0's step under 1.0.0's claimers: how many claim at once, and what each takes a call
+CLAIMERS = 4
+CLAIM_BATCH = 25
+
+
+def test_claimers_of_1_0_0_keep_claiming_through_the_1_1_0_step(
+    history: Path, tmp_path: Path
+) -> None:
+    """1.1.0's step redefines complete_and_claim() and the steps under it while 1.0.0's
+    claimers call them (the job table is not locked: no worker waits on the push). Four
+    connections loop 1.0.0's complete_and_claim() over jobs stored as rows, which a producer
+    keeps enqueuing, while `copier update` and `supabase db push` run on a hosted-shaped
+    cluster: the push succeeds, no call fails, and every job is completed exactly once."""
+    project = render_repo(
+        history,
+        tmp_path / "app",
+        "generated at 1.0.0",
+        vcs_ref=release_refs()[1],
+        **PYTHON_POSTGRES.answers,
+    )
+    cluster = start_hosted_cluster()
+    enqueued: list[int] = []
+    completed: Counter[int] = Counter()
+    errors: list[BaseException] = []
+    pushed = threading.Event()
+    lock = threading.Lock()
+
+    def produce() -> None:
+        with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+            while not pushed.is_set():
+                ids = conn.execute(
+                    "insert into pgqueue.jobs (kind, payload)"
+                    " select 'probe', jsonb_build_object('n', n) from generate_series(1, 50) n"
+                    " returning id"
+                ).fetchall()
+                with lock:
+                    enqueued.extend(i for (i,) in ids)
+                time.sleep(0.01)
+
+    def claim(name: str) -> None:
+        try:
+            with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+                done: list[tuple[int, str]] = []
+                while True:
+                    rows = conn.execute(
+                        "select id, lock_token::text from pgqueue.complete_and_claim("
+                        "%s, %s::bigint[], %s::uuid[], %s)",
+                        (name, [i for i, _ in done], [t for _, t in done], CLAIM_BATCH),
+                    ).fetchall()
+                    with lock:
+                        completed.update(i for i, _ in done)
+                    done = rows
+                    if not rows and pushed.is_set():
+                        return
+        except BaseException as error:  # (the test reports it)
+            errors.append(error)
+
+    try:
+        push_migrations(project, cluster.url())
+        threads = [threading.Thread(target=produce)] + [
+            threading.Thread(target=claim, args=(f"w{n}",)) for n in range(CLAIMERS)
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            update(project, "HEAD")
+            push = db_push(project, cluster)
+        finally:
+            pushed.set()
+            for thread in threads:
+                thread.join(timeout=60)
+        with cluster.connect() as db:
+            (steps,) = db.execute(
+                "select to_regprocedure('pgqueue.take_rows(text, text, integer, text[], integer)')"
+                " is not null"
+            ).fetchone()
+            left = db.execute("select count(*) from pgqueue.live_jobs").fetchone()[0]
+    finally:
+        cluster.destroy()
+
+    assert push.returncode == 0, push.stdout + push.stderr
+    assert steps, "the push applied 1.1.0's step"
+    assert errors == []
+    assert left == 0
+    assert len(enqueued) > 1_000, "the producer enqueued throughout the update and the push"
+    assert set(completed) == set(enqueued)
+    assert {n for n in completed.values()} == {1}, "no job completed twice"
