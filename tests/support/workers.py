@@ -18,10 +18,19 @@ import psycopg
 import pytest
 
 from testkit.cluster import free_port
-from testkit.project import Variant, render, run
+from testkit.project import PYTHON_VARIANTS, Variant, render, run
 from testkit.stack import point_wake_ups
 
 from .jobs import wait_until
+
+# The python style once per claim transport, for the `installed` fixture (tests/worker): for
+# what both python styles run through the same code, where once per transport is enough.
+each_transport = pytest.mark.parametrize(
+    "installed",
+    [v for v in PYTHON_VARIANTS if v.worker_style == "python"],
+    indirect=True,
+    ids=str,
+)
 
 PACKAGE = "my_app"  # the default answers' package name
 SCRIPT = "my-app"  # ... and console script

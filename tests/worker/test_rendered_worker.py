@@ -15,7 +15,7 @@ import pytest
 
 from testkit.project import PYTHON_VARIANTS, render, rendered_files, run, variant
 from tests.support.jobs import enqueue, job, wait_until
-from tests.support.workers import PACKAGE, SCRIPT, Installed, Workers
+from tests.support.workers import PACKAGE, SCRIPT, Installed, Workers, each_transport
 
 
 def test_only_the_variants_files_are_rendered(installed: Installed) -> None:
@@ -66,12 +66,7 @@ def test_project_passes_ruff_mypy_and_its_own_tests(installed: Installed, stack_
 
 
 # The one-shot commands are the same code in both styles: once per transport is enough.
-@pytest.mark.parametrize(
-    "installed",
-    [v for v in PYTHON_VARIANTS if v.worker_style == "python"],
-    indirect=True,
-    ids=str,
-)
+@each_transport
 def test_cli(installed: Installed, stack_env: dict, db: psycopg.Connection) -> None:
     script = installed.bin(SCRIPT)
     email = json.dumps({"to": "ada@example.com", "subject": "Hi", "text": "Hello"})
@@ -139,12 +134,7 @@ def test_missing_settings_are_named(installed: Installed) -> None:
     assert "supabase status -o env" in proc.stderr
 
 
-@pytest.mark.parametrize(
-    "installed",
-    [v for v in PYTHON_VARIANTS if v.worker_style == "python"],
-    indirect=True,
-    ids=str,
-)
+@each_transport
 def test_cli_config_shows_and_changes_the_database_configuration(
     installed: Installed, stack_env: dict, db: psycopg.Connection, config: dict
 ) -> None:
@@ -182,12 +172,7 @@ def test_cli_config_shows_and_changes_the_database_configuration(
     assert after["lease_seconds"] == 600, "a refused change changes nothing"
 
 
-@pytest.mark.parametrize(
-    "installed",
-    [v for v in PYTHON_VARIANTS if v.worker_style == "python"],
-    indirect=True,
-    ids=str,
-)
+@each_transport
 def test_the_worker_leases_jobs_for_the_configured_lease(
     installed: Installed, workers: Workers, db: psycopg.Connection, config: dict, tmp_path: Path
 ) -> None:
@@ -233,12 +218,7 @@ def test_pip_installs_the_project_too(template: Path, tmp_path: Path) -> None:
     run([venv / "bin" / "mypy"], cwd=project)
 
 
-@pytest.mark.parametrize(
-    "installed",
-    [v for v in PYTHON_VARIANTS if v.worker_style == "python"],
-    indirect=True,
-    ids=str,
-)
+@each_transport
 def test_stats_warns_of_queued_kinds_no_worker_claims(
     installed: Installed, workers: Workers, stack_env: dict, db: psycopg.Connection
 ) -> None:

@@ -16,9 +16,9 @@ import psycopg
 import pytest
 
 from testkit.postgrest import PostgRESTStandIn, make_jwt
-from testkit.project import PYTHON_VARIANTS, render
+from testkit.project import render
 from tests.support.jobs import enqueue, job, probe_lines, wait_until
-from tests.support.workers import SCRIPT, Installed, Workers
+from tests.support.workers import SCRIPT, Installed, Workers, each_transport
 
 PUBLIC = "pgqueue_public"
 
@@ -43,12 +43,7 @@ def as_user(api: PostgRESTStandIn, user: uuid.UUID) -> httpx.Client:
 
 
 # The job runner is the same code in both styles: once per transport is enough.
-@pytest.mark.parametrize(
-    "installed",
-    [v for v in PYTHON_VARIANTS if v.worker_style == "python"],
-    indirect=True,
-    ids=str,
-)
+@each_transport
 def test_handlers_see_the_owner_and_the_owner_reads_a_user_facing_error(
     installed: Installed,
     workers: Workers,
@@ -99,12 +94,7 @@ def test_handlers_see_the_owner_and_the_owner_reads_a_user_facing_error(
         ]
 
 
-@pytest.mark.parametrize(
-    "installed",
-    [v for v in PYTHON_VARIANTS if v.worker_style == "python"],
-    indirect=True,
-    ids=str,
-)
+@each_transport
 def test_cli_opens_and_closes_kinds_to_users(
     installed: Installed, stack_env: dict, clients: psycopg.Connection
 ) -> None:

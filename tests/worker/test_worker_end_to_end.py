@@ -17,7 +17,14 @@ from testkit.postgrest import make_jwt
 from testkit.project import PYTHON_VARIANTS, variant
 from testkit.stack import wait_for_pg_net
 from tests.support.jobs import enqueue, job, runs, wait_until
-from tests.support.workers import OTHER_KIND, Installed, Workers, other_service, wake_to
+from tests.support.workers import (
+    OTHER_KIND,
+    Installed,
+    Workers,
+    each_transport,
+    other_service,
+    wake_to,
+)
 
 
 def sweeper(db: psycopg.Connection):
@@ -69,12 +76,7 @@ def test_job_enqueued_with_a_domain_row_runs_once(
     assert worker.proc.poll() is None
 
 
-@pytest.mark.parametrize(
-    "installed",
-    [v for v in PYTHON_VARIANTS if v.worker_style == "python"],
-    indirect=True,
-    ids=str,
-)
+@each_transport
 def test_two_services_on_one_queue_each_run_only_their_own_kinds(
     installed: Installed, workers: Workers, db: psycopg.Connection, tmp_path: Path
 ) -> None:

@@ -13,10 +13,9 @@ from itertools import pairwise
 from pathlib import Path
 
 import psycopg
-import pytest
 
 from testkit.cluster import Cluster
-from testkit.project import PYTHON_VARIANTS, run
+from testkit.project import run
 from tests.support.jobs import (
     enqueue,
     job,
@@ -26,7 +25,7 @@ from tests.support.jobs import (
     runs,
     wait_until,
 )
-from tests.support.workers import PACKAGE, SCRIPT, Installed, Workers
+from tests.support.workers import PACKAGE, SCRIPT, Installed, Workers, each_transport
 
 
 def until_finished(db: psycopg.Connection, job_id: int, timeout: float = 20) -> dict:
@@ -194,12 +193,7 @@ def test_a_paused_queue_is_not_worked_until_resumed(
 
 
 # The one-shot commands are the same code in both styles: once per transport is enough.
-@pytest.mark.parametrize(
-    "installed",
-    [v for v in PYTHON_VARIANTS if v.worker_style == "python"],
-    indirect=True,
-    ids=str,
-)
+@each_transport
 def test_cli_flow_control_commands(
     installed: Installed, stack_env: dict, flow: psycopg.Connection
 ) -> None:

@@ -4,23 +4,17 @@ its handler in a child span of it; both export over OTLP/HTTP to a real HTTP ser
 from __future__ import annotations
 
 import psycopg
-import pytest
 
-from testkit.project import PYTHON_VARIANTS, run
+from testkit.project import run
 from tests.support.http_sink import HttpSink
 from tests.support.jobs import wait_until
-from tests.support.workers import SCRIPT, Installed, Workers
+from tests.support.workers import SCRIPT, Installed, Workers, each_transport
 
 EMAIL = '{"to": "ada@example.com", "subject": "Hi", "text": "Hello"}'
 
 
 # The CLI and the job runner are the same code in both styles: once per transport is enough.
-@pytest.mark.parametrize(
-    "installed",
-    [v for v in PYTHON_VARIANTS if v.worker_style == "python"],
-    indirect=True,
-    ids=str,
-)
+@each_transport
 def test_a_job_enqueued_by_the_cli_runs_in_a_child_span_of_the_enqueue(
     installed: Installed,
     workers: Workers,
