@@ -418,7 +418,8 @@ def test_claimers_of_1_0_0_keep_claiming_through_the_1_1_0_step(
     enqueued: list[int] = []
     completed: Counter[int] = Counter()
     errors: list[BaseException] = []
-    pushed = threading.Event()
+    pushed = threading.Event()  # the producer stops
+    produced = threading.Event()  # its last jobs are in: the claimers stop once it is empty
     lock = threading.Lock()
 
     def produce() -> None:
@@ -446,24 +447,27 @@ def test_claimers_of_1_0_0_keep_claiming_through_the_1_1_0_step(
                     with lock:
                         completed.update(i for i, _ in done)
                     done = rows
-                    if not rows and pushed.is_set():
-                        return
+                    if not rows:
+                        if produced.is_set():
+                            return
+                        time.sleep(0.005)  # an empty queue: poll, as a worker would
         except BaseException as error:  # (the test reports it)
             errors.append(error)
 
     try:
         push_migrations(project, cluster.url())
-        threads = [threading.Thread(target=produce)] + [
-            threading.Thread(target=claim, args=(f"w{n}",)) for n in range(CLAIMERS)
-        ]
-        for thread in threads:
+        producer = threading.Thread(target=produce)
+        claimers = [threading.Thread(target=claim, args=(f"w{n}",)) for n in range(CLAIMERS)]
+        for thread in [producer, *claimers]:
             thread.start()
         try:
             update(project, "HEAD")
             push = db_push(project, cluster)
         finally:
             pushed.set()
-            for thread in threads:
+            producer.join(timeout=60)
+            produced.set()
+            for thread in claimers:
                 thread.join(timeout=60)
         with cluster.connect() as db:
             (steps,) = db.execute(
