@@ -14,7 +14,14 @@ from deno import find_deno_bin
 from testkit.postgrest import PostgRESTStandIn
 from testkit.project import render
 
-from .deno_worker import FUNCTION, Deno, EdgeWorker, start_edge_worker, stop_edge_worker
+from .deno_worker import (
+    FUNCTION,
+    Deno,
+    EdgeWorker,
+    register_handler,
+    start_edge_worker,
+    stop_edge_worker,
+)
 
 
 @pytest.fixture(scope="session")
@@ -44,13 +51,7 @@ def probe_function_dir(function_dir: Path, tmp_path_factory: pytest.TempPathFact
     here = Path(__file__).parent
     shutil.copy(here / "probe.ts", copy / "handlers" / "probe.ts")
     shutil.copy(here / "queue_client.ts", copy / "queue_client.ts")
-    handler_map = copy / "handlers" / "mod.ts"
-    entries = "export const handlers = {\n"
-    assert entries in handler_map.read_text(), "handlers/mod.ts changed shape: update this"
-    handler_map.write_text(
-        'import { probe } from "./probe.ts";\n'
-        + handler_map.read_text().replace(entries, entries + "  probe,\n")
-    )
+    register_handler(copy, 'import { probe } from "./probe.ts";', "probe")
     return copy
 
 

@@ -21,6 +21,18 @@ EDGE_RUNTIME = Path(__file__).with_name("edge_runtime.ts")
 WORKER_ENV_PREFIXES = ("SUPABASE_", "PGQUEUE_", "DENO_SERVE_ADDRESS")
 
 
+def register_handler(function: Path, import_line: str, entry: str) -> None:
+    """Register a handler in a copy of the rendered function, as the generated README says:
+    `import_line` on top of handlers/mod.ts and `entry` (`"probe"`, `"export_data:
+    exportData"`) first in its handler map."""
+    handler_map = function / "handlers" / "mod.ts"
+    entries = "export const handlers = {\n"
+    assert entries in handler_map.read_text(), "handlers/mod.ts changed shape: update this"
+    handler_map.write_text(
+        f"{import_line}\n" + handler_map.read_text().replace(entries, f"{entries}  {entry},\n")
+    )
+
+
 @dataclass
 class Deno:
     """The Deno binary from PyPI's `deno` package, with one npm cache for the whole session."""

@@ -21,7 +21,7 @@ from testkit.stack import point_wake_ups
 from tests.support.doc_examples import Example, examples
 from tests.support.jobs import enqueue, job, wait_until
 
-from .deno_worker import FUNCTION, Deno, start_edge_worker, stop_edge_worker
+from .deno_worker import FUNCTION, Deno, register_handler, start_edge_worker, stop_edge_worker
 
 PAGE = REPO / "docs" / "client-jobs.md"
 
@@ -44,12 +44,8 @@ def export_function(function_dir: Path, tmp_path_factory: pytest.TempPathFactory
     handler = page_example("defineHandler(")
     imports = handler.first.replace("../job-worker/job.ts", "../job.ts")
     (copy / "handlers" / "export_data.ts").write_text(imports + handler.code)
-    handler_map = copy / "handlers" / "mod.ts"
-    entries = "export const handlers = {\n"
-    assert entries in handler_map.read_text(), "handlers/mod.ts changed shape: update this"
-    handler_map.write_text(
-        'import { exportData } from "./export_data.ts";\n'
-        + handler_map.read_text().replace(entries, entries + "  export_data: exportData,\n")
+    register_handler(
+        copy, 'import { exportData } from "./export_data.ts";', "export_data: exportData"
     )
     return copy
 
