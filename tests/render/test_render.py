@@ -207,7 +207,7 @@ def test_every_variant_renders_cleanly(template: Path, tmp_path: Path, variant: 
     stamps = [m.name[:14] for m in migrations]
     assert all(s.isdigit() and m.name[14] == "_" for s, m in zip(stamps, migrations, strict=True))
     assert len(stamps) == 1, "a new project's queue starts from one baseline migration"
-    assert recorded["_queue_baseline"] == "1.1.0"
+    assert recorded["_queue_baseline"] == "1.2.0"
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=str)
@@ -443,7 +443,7 @@ def test_the_databases_messages_name_the_templates_pages_by_url(
 ) -> None:
     """docs/ is the template repo's, not the project's: a notice or error of the queue's
     migrations and functions that points there gives the full URL."""
-    for baseline in ("0.1.0", "1.0.0", "1.1.0"):
+    for baseline in ("0.1.0", "1.0.0", "1.1.0", "1.2.0"):
         project = render(template, tmp_path / baseline, queue_baseline=baseline)
         for migration in (project / "supabase/migrations").glob("*.sql"):
             code = re.sub(r"--[^\n]*", "", migration.read_text())

@@ -577,21 +577,25 @@ def test_service_role_has_exactly_the_worker_api(db: psycopg.Connection) -> None
             db.execute("update pgqueue.jobs set status = 'done'")
 
 
-def test_every_security_definer_function_pins_an_empty_search_path(
+def test_every_queue_function_pins_its_search_path_with_pg_temp_last(
     db: psycopg.Connection,
 ) -> None:
+    """Every function of the queue's schemas, SECURITY DEFINER or not, sets search_path =
+    pg_catalog, pg_temp: with pg_temp left out (an empty path), PostgreSQL looks up tables and
+    types in the caller's temporary schema first (tests/sql/test_temp_shadowing.py shows the
+    attack it stops)."""
     rows = db.execute(
         "select p.proname, p.proconfig from pg_proc as p"
-        " where p.pronamespace = 'pgqueue'::regnamespace and p.prosecdef"
+        " where p.pronamespace in ('pgqueue'::regnamespace, 'pgqueue_public'::regnamespace)"
     ).fetchall()
-    assert len(rows) >= 12
+    assert len(rows) >= 60
     # search_path first; the hot path also fixes its plan cache mode (see complete_and_claim()),
     # and completions keep to claims_pkey (see complete_claimed())
     assert [
         name
         for name, config in rows
         if not config
-        or config[0] != 'search_path=""'
+        or config[0] != "search_path=pg_catalog, pg_temp"
         or any(
             not setting.startswith("plan_cache_mode=") and setting != "enable_seqscan=off"
             for setting in config[1:]

@@ -27,7 +27,7 @@ from tests.support.releases import RELEASE_ANSWERS, fill_queue
 from tests.support.schema import differences, queue_schema
 
 MIGRATIONS = "supabase/migrations"
-BASELINE = "20261207000000_pgqueue_1_1_0.sql"
+BASELINE = "20261208000000_pgqueue_1_2_0.sql"
 # `create [or replace] <kind> [if not exists] <schema>.<name>`, and `create trigger <name>`
 DEFINITION = re.compile(
     r"^create (?:or replace )?(function|view|table|type|sequence|(?:unique )?index|trigger)"
@@ -45,13 +45,19 @@ MAX_QUEUE_LINES = {
     # statement per case (+20). The part for signed-in users, a section of its own, has its
     # own budget.
     "1.1.0": 4_500 + 40 + 60 + 80 + 20,
+    # 1.2.0: a security release; the pinned search_path's comment (+3)
+    "1.2.0": 4_500 + 40 + 60 + 80 + 20 + 3,
 }
 # Issue 35: no queue function longer than this, `create` to `$$;` (split into named steps)
 MAX_FUNCTION_LINES = 150
 # `create [or replace] function <name>(`, up to the `$$;` that ends its body
 FUNCTION = re.compile(r"^create (?:or replace )?function ([\w.]+)\(.*?^\$\$;", re.M | re.S)
 MAX_CLIENT_LINES = 350
-BASELINES = {"1.0.0": "20261206000000_pgqueue_1_0_0.sql", "1.1.0": BASELINE}
+BASELINES = {
+    "1.0.0": "20261206000000_pgqueue_1_0_0.sql",
+    "1.1.0": "20261207000000_pgqueue_1_1_0.sql",
+    "1.2.0": BASELINE,
+}
 CLIENT_SECTION = "-- == Jobs of signed-in users"
 
 

@@ -41,12 +41,13 @@ from testkit.project import (
 from tests.support.releases import EMAIL, RELEASE_ANSWERS, fill_queue
 
 # The migration a new project's queue starts from (each table, view and function once).
-BASELINE = "20261207000000_pgqueue_1_1_0.sql"
+BASELINE = "20261208000000_pgqueue_1_2_0.sql"
 # What a project created at 0.1.0 gets instead: one step per release since, from 0.1.0's queue
-# to 1.0.0's, and from 1.0.0's to 1.1.0's.
+# to 1.0.0's, from 1.0.0's to 1.1.0's, and from 1.1.0's to 1.2.0's.
 STEPS = {
     "20261206000000_pgqueue_1_0_0_from_0_1_0.sql",
     "20261207000000_pgqueue_1_1_0_client_jobs.sql",
+    "20261208000000_pgqueue_1_2_0_security.sql",
 }
 MIGRATIONS = "template/supabase/migrations"
 
@@ -183,7 +184,7 @@ def test_update_keeps_user_edits_and_jobs_and_applies_the_new_migration(
             "20261215000000_orders.sql",
             "20270101000000_pgqueue_job_region.sql",
         ]
-        assert "_queue_baseline: 1.1.0" in (project / ".copier-answers.yml").read_text()
+        assert "_queue_baseline: 1.2.0" in (project / ".copier-answers.yml").read_text()
         assert "_commit: v1.1.0" in (project / ".copier-answers.yml").read_text()
 
         supabase(project, "migration", "up", "--db-url", cluster.url())

@@ -1,6 +1,6 @@
 """Issue 35, point 6: a project created at 0.1.0 (python worker, postgres transport) takes the
 1.0.0 upgrade while its 0.1.0 workers drain a backlog and a producer enqueues every 10 ms; and
-(last test) 1.0.0's claimers keep claiming through 1.1.0's step.
+(last test) the previous release's claimers keep claiming through the current release's step.
 
 The scenario, with real components throughout: 0.1.0 rendered and pushed to a fresh cluster
 with the Supabase CLI; a backlog of BACKLOG jobs enqueued with 0.1.0's enqueue_many(); two of
@@ -53,6 +53,7 @@ from testkit.project import (
     SUPABASE_CLI,
     push_migrations,
     release_refs,
+    release_version,
     render_repo,
     update,
     variant,
@@ -394,24 +395,26 @@ def test_the_upgrade_gives_up_on_a_held_table_changes_nothing_and_lets_enqueues_
     assert claims, "the push went through once the table was free"
 
 
-# 1.1.0's step under 1.0.0's claimers: how many claim at once, and what each takes a call
+# The current release's step under the previous release's claimers: how many claim at once,
+# and what each takes a call
 CLAIMERS = 4
 CLAIM_BATCH = 25
 
 
-def test_claimers_of_1_0_0_keep_claiming_through_the_1_1_0_step(
+def test_claimers_of_the_previous_release_keep_claiming_through_the_step(
     history: Path, tmp_path: Path
 ) -> None:
-    """1.1.0's step redefines complete_and_claim() and the steps under it while 1.0.0's
-    claimers call them (the job table is not locked: no worker waits on the push). Four
-    connections loop 1.0.0's complete_and_claim() over jobs stored as rows, which a producer
-    keeps enqueuing, while `copier update` and `supabase db push` run on a hosted-shaped
-    cluster: the push succeeds, no call fails, and every job is completed exactly once."""
+    """The current release's step alters the functions the previous release's claimers call
+    (the job table is not locked: no worker waits on the push). Four connections loop the
+    previous release's complete_and_claim() over jobs stored as rows, which a producer keeps
+    enqueuing, while `copier update` and `supabase db push` run on a hosted-shaped cluster:
+    the push succeeds, no call fails, and every job is completed exactly once."""
+    previous = release_refs()[-1]
     project = render_repo(
         history,
         tmp_path / "app",
-        "generated at 1.0.0",
-        vcs_ref=release_refs()[1],
+        f"generated at {release_version(previous)}",
+        vcs_ref=previous,
         **PYTHON_POSTGRES.answers,
     )
     cluster = start_hosted_cluster()
@@ -470,16 +473,18 @@ def test_claimers_of_1_0_0_keep_claiming_through_the_1_1_0_step(
             for thread in claimers:
                 thread.join(timeout=60)
         with cluster.connect() as db:
+            # 1.2.0's step pins every function's search_path
             (steps,) = db.execute(
-                "select to_regprocedure('pgqueue.take_rows(text, text, integer, text[], integer)')"
-                " is not null"
+                "select proconfig @> array['search_path=pg_catalog, pg_temp'] from pg_proc"
+                " where oid = 'pgqueue.complete_and_claim(text, bigint[], uuid[], integer)'"
+                "::regprocedure"
             ).fetchone()
             left = db.execute("select count(*) from pgqueue.live_jobs").fetchone()[0]
     finally:
         cluster.destroy()
 
     assert push.returncode == 0, push.stdout + push.stderr
-    assert steps, "the push applied 1.1.0's step"
+    assert steps, "the push applied the current release's step"
     assert errors == []
     assert left == 0
     assert len(enqueued) > 1_000, "the producer enqueued throughout the update and the push"
