@@ -115,7 +115,10 @@ def test_the_projects_pgtap_suite_fails_on_a_queue_function_public_may_execute(
     the queue schema without `revoke execute ... from public` fails the project's own pgTAP
     suite, with the fix in its message."""
     tests = sorted((project / "supabase/tests/database").glob("*.test.sql"))
-    db.execute("create function pgqueue.added_later() returns int language sql as 'select 1'")
+    db.execute(
+        "create function pgqueue.added_later() returns int language sql"
+        " set search_path = pg_catalog, pg_temp as 'select 1'"
+    )
     try:
         failed = subprocess.run(
             ["pg_prove", "-d", stack.dsn(), *tests], capture_output=True, text=True
@@ -129,3 +132,31 @@ def test_the_projects_pgtap_suite_fails_on_a_queue_function_public_may_execute(
     assert failed.returncode != 0
     assert "revokes execute on it from public" in failed.stdout + failed.stderr
     assert passed.returncode == 0, passed.stdout + passed.stderr
+
+
+def test_the_projects_pgtap_suite_fails_on_a_queue_function_that_leaves_pg_temp_out(
+    project: Path, db: psycopg.Connection, stack: Cluster
+) -> None:
+    """A function a later migration adds to the queue schema with the weak `search_path = ''`
+    (pg_temp left out, so searched first for tables and types: tests/sql/test_temp_shadowing.py)
+    fails the project's own pgTAP suite, which names the form it wants; with pg_temp named, and
+    last, it passes."""
+    tests = sorted((project / "supabase/tests/database").glob("*.test.sql"))
+
+    def add(search_path: str) -> subprocess.CompletedProcess:
+        db.execute(
+            "create or replace function pgqueue.added_later() returns int language sql"
+            f" set search_path = {search_path} as 'select 1';"
+            "revoke execute on function pgqueue.added_later() from public"
+        )
+        return subprocess.run(
+            ["pg_prove", "-d", stack.dsn(), *tests], capture_output=True, text=True
+        )
+
+    try:
+        weak, pinned = add("''"), add("pg_catalog, pg_temp")
+    finally:
+        db.execute("drop function pgqueue.added_later()")
+    assert weak.returncode != 0
+    assert "sets search_path = pg_catalog, pg_temp" in weak.stdout + weak.stderr
+    assert pinned.returncode == 0, pinned.stdout + pinned.stderr

@@ -476,8 +476,8 @@ def test_claimers_of_the_previous_release_keep_claiming_through_the_step(
             # 1.2.0's step pins every function's search_path
             (steps,) = db.execute(
                 "select proconfig @> array['search_path=pg_catalog, pg_temp'] from pg_proc"
-                " where oid = 'pgqueue.complete_and_claim(text, bigint[], uuid[], integer)'"
-                "::regprocedure"
+                " where oid = 'pgqueue.complete_and_claim(text, bigint[], uuid[], integer, text[],"
+                " text, integer, jsonb[])'::regprocedure"
             ).fetchone()
             left = db.execute("select count(*) from pgqueue.live_jobs").fetchone()[0]
     finally:
