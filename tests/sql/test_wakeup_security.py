@@ -185,6 +185,30 @@ def test_a_secret_made_with_openssl_rand_hex_signs_wake_ups_as_the_libraries_rea
         assert verified(pending_wake_up_as(stack, "postgres"), hex_secret)["reason"] == "enqueue"
 
 
+def test_self_hosted_with_pgcrypto_in_a_schema_of_its_own_wake_ups_are_signed_all_the_same(
+    project: Path, sink: HttpSink
+) -> None:
+    """Self-hosted, pgcrypto created before the queue in another schema than `extensions`: the
+    migration leaves it there, and wake() signs with its hmac() there."""
+    cluster = start_supabase_like_cluster()
+    try:
+        with cluster.connect(autocommit=True) as conn:
+            conn.execute("create schema crypto; create extension pgcrypto with schema crypto")
+        push_migrations(project, cluster.url())
+        with cluster.connect(autocommit=True) as conn:
+            (where,) = conn.execute(
+                "select extnamespace::regnamespace::text from pg_extension"
+                " where extname = 'pgcrypto'"
+            ).fetchone()
+            point_wake_ups(conn, sink.url, SECRET)
+            conn.execute("select pgqueue.enqueue('probe')")
+            wait_for_pg_net(conn)
+    finally:
+        cluster.destroy()
+    assert where == "crypto"
+    assert [verified(r, SECRET)["reason"] for r in sink.requests] == ["enqueue"]
+
+
 @pytest.mark.parametrize(
     "secret", ["wake-secret-for-tests-not-a-real-one", "0123456789abcdefa", "whsec_"]
 )
