@@ -66,22 +66,14 @@ export interface WakeUpCheckOptions {
 }
 
 /**
- * Returns the check of a wake-up: `signed(headers)` tells, before the body is read, whether
- * the three signature headers are there; `check(body, headers)` whether `body` was signed with
- * `secret` (a `whsec_` prefix dropped, the rest base64), at most 5 minutes off this host's
- * clock, under an id not taken before. Ids taken are remembered for as long as their
- * timestamps would pass (up to MAX_SEEN_IDS of them). A refusal is logged once a minute at
- * most, with what to check.
+ * Returns `refuse(status, reason)`, which logs a refused wake-up with what to check, once a
+ * minute at most (with how many were refused in between), and returns the refusal.
  */
-export function wakeUpCheck(secret: string, options: WakeUpCheckOptions) {
-  const webhook = new Webhook(secret);
-  const wallClock = options.wallClock ?? Date.now;
+function refusalLog(options: WakeUpCheckOptions) {
   const monotonic = options.monotonic ?? (() => performance.now());
-  const seen = new Map<string, number>(); // id -> its timestamp, in ms; in the order taken
   let lastLogged: number | undefined;
   let unlogged = 0;
-
-  function refuse(status: 401 | 403, reason: string): WakeCheck {
+  return (status: 401 | 403, reason: string): WakeCheck => {
     const now = monotonic();
     if (lastLogged !== undefined && now - lastLogged < LOG_INTERVAL_MS) {
       unlogged++;
@@ -99,7 +91,22 @@ export function wakeUpCheck(secret: string, options: WakeUpCheckOptions) {
       unlogged = 0;
     }
     return { ok: false, status, reason };
-  }
+  };
+}
+
+/**
+ * Returns the check of a wake-up: `signed(headers)` tells, before the body is read, whether
+ * the three signature headers are there; `check(body, headers)` whether `body` was signed with
+ * `secret` (a `whsec_` prefix dropped, the rest base64), at most 5 minutes off this host's
+ * clock, under an id not taken before. Ids taken are remembered for as long as their
+ * timestamps would pass (up to MAX_SEEN_IDS of them). A refusal is logged once a minute at
+ * most, with what to check.
+ */
+export function wakeUpCheck(secret: string, options: WakeUpCheckOptions) {
+  const webhook = new Webhook(secret);
+  const wallClock = options.wallClock ?? Date.now;
+  const refuse = refusalLog(options);
+  const seen = new Map<string, number>(); // id -> its timestamp, in ms; in the order taken
 
   function signed(headers: Headers): WakeCheck {
     return SIGNATURE_HEADERS.every((name) => headers.get(name))
