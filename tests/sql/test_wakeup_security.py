@@ -24,6 +24,7 @@ from testkit.postgrest import make_jwt
 from testkit.project import (
     push_migrations,
     release_refs,
+    render,
     render_repo,
 )
 from testkit.project import update as copier_update
@@ -207,6 +208,33 @@ def test_self_hosted_with_pgcrypto_in_a_schema_of_its_own_wake_ups_are_signed_al
         cluster.destroy()
     assert where == "crypto"
     assert [verified(r, SECRET)["reason"] for r in sink.requests] == ["enqueue"]
+
+
+def test_the_step_from_1_1_0_warns_when_the_secret_is_not_base64(
+    template: Path, tmp_path: Path
+) -> None:
+    """A secret of 1.1.0 that is not base64 worked as a bearer token, and signs nothing: the
+    step says so as it applies, and where to read what to do."""
+    project = render(template, tmp_path / "app", queue_baseline="1.1.0")
+    step = project / "supabase/migrations/20261208000000_pgqueue_1_2_0_security.sql"
+    step_sql = step.read_text()
+    step.unlink()  # applied below, as `postgres`, where its warnings can be read
+    cluster = start_supabase_like_cluster()
+    warnings: list[str] = []
+    try:
+        push_migrations(project, cluster.url())
+        with cluster.connect(autocommit=True) as conn:
+            point_wake_ups(conn, "http://127.0.0.1:9/wake", "a-1.1.0-secret-that-is-not-base64")
+        with psycopg.connect(cluster.dsn(user="postgres")) as conn:
+            conn.add_notice_handler(
+                lambda d: warnings.append(f"{d.message_primary} ({d.message_hint})")
+            )
+            conn.execute(step_sql)
+    finally:
+        cluster.destroy()
+    (warning,) = [w for w in warnings if "from now on no wake-up is sent" in w]
+    assert "is not base64" in warning and "openssl rand -hex 32" in warning, warning
+    assert "upgrading.md#from-110-to-120" in warning
 
 
 @pytest.mark.parametrize(
