@@ -115,8 +115,9 @@ def python_http(
         "WORKER_POLL_INTERVAL": "3600",
         "BENCH_HANDLER_STARTS": str(starts),
     }
-    # the secret wake-ups carry: one of its own, never the service key (which wake() refuses)
-    secret = "bench-wake-" + os.urandom(16).hex()
+    # the secret wake-ups are signed with: one of its own, never the service key (which wake()
+    # refuses), base64 as Standard Webhooks reads a secret (hex digits are)
+    secret = os.urandom(32).hex()
     env["WAKE_SECRET"] = secret
     if standin is None:
         env |= {"DATABASE_URL": stack.dsn(), "SERVICE_ROLE_KEY": "bench-" + os.urandom(16).hex()}

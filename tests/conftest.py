@@ -31,6 +31,7 @@ from testkit.project import (
     snapshot_with_history,
 )
 from testkit.stack import clear_wake_ups
+from tests.support.wake_signing import secret_for
 from tests.support.workers import Installed, install
 
 # The system browser (scripts/setup installs Debian's chromium); Playwright never downloads
@@ -129,9 +130,9 @@ def service_role_key() -> str:
 
 @pytest.fixture(scope="session")
 def wake_secret() -> str:
-    """The secret wake-ups carry in tests: a string of its own, as the README has users make
-    one (never a Supabase API key, which wake() refuses to send)."""
-    return "wake-secret-of-the-test-stack-0123456789"
+    """The secret wake-ups are signed with in tests: a string of its own, base64 as Standard
+    Webhooks reads a secret (never a Supabase API key, which wake() refuses)."""
+    return secret_for("wake-secret-of-the-test-stack-0123456789")
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from testkit.postgrest import PostgRESTStandIn, make_jwt
+from tests.support.wake_signing import secret_for
 
 FUNCTION = "job-worker"
 # Preloaded to give the function the Edge runtime's EdgeRuntime.waitUntil().
@@ -66,8 +67,9 @@ class Deno:
         return proc.stdout + proc.stderr
 
 
-# The wake-up secret the function runs with in tests (`supabase secrets set` on a project).
-EDGE_WAKE_SECRET = "edge-wake-secret-of-the-tests-0123456789"
+# The wake-up secret the function runs with in tests (`supabase secrets set` on a project),
+# base64 as Standard Webhooks reads the secret wake-ups are signed with.
+EDGE_WAKE_SECRET = secret_for("edge-wake-secret-of-the-tests-0123456789")
 
 
 @dataclass
@@ -77,7 +79,7 @@ class EdgeWorker:
     process: subprocess.Popen
     url: str
     key: str  # its service key: the Data API's and the metrics'
-    wake_secret: str  # what its wake-ups present
+    wake_secret: str  # what its wake-ups are signed with
     lines: list[str] = field(default_factory=list)
     reader: threading.Thread | None = None
 

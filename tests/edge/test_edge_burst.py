@@ -12,9 +12,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from testkit.postgrest import PostgRESTStandIn
 from testkit.stack import point_wake_ups, wait_for_pg_net
+from tests.support.wake_signing import signed
 
 from .deno_worker import Deno, EdgeWorker, start_edge_worker, stop_edge_worker
 from .test_edge_flow_control import enqueue_probes
@@ -26,19 +28,14 @@ CAP = 10
 
 
 def send_wake_ups(db: psycopg.Connection, worker: EdgeWorker, count: int) -> None:
-    """`count` wake-ups queued in pg_net by one statement: its worker sends them together."""
+    """`count` wake-ups, each signed as the database signs one, queued in pg_net by one
+    statement: its worker sends them together. pg_net sends the body as jsonb's text."""
+    body = Jsonb({"reason": "burst", "queues": ["default"]})
+    (text,) = db.execute("select %s::text", (body,)).fetchone()
+    headers = [Jsonb(signed(worker.wake_secret, text.encode())) for _ in range(count)]
     db.execute(
-        """
-        select net.http_post(
-          url := %s,
-          body := '{"reason": "burst", "queues": ["default"]}'::jsonb,
-          headers := jsonb_build_object(
-            'Authorization', 'Bearer ' || %s, 'Content-Type', 'application/json'
-          )
-        )
-        from generate_series(1, %s)
-        """,
-        (worker.url, worker.wake_secret, count),
+        "select net.http_post(url := %s, body := %s, headers := h) from unnest(%s::jsonb[]) as h",
+        (worker.url, body, headers),
     )
 
 

@@ -13,13 +13,13 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
 from testkit.postgrest import PostgRESTStandIn
 from testkit.stack import point_wake_ups
+from tests.support.wake_signing import post_wake
 
 from .deno_worker import Deno, EdgeWorker, SlowReceiver, start_edge_worker, stop_edge_worker
 
@@ -56,11 +56,7 @@ def enqueue(db: psycopg.Connection, kind: str, payload: dict) -> int:
 
 def wake(worker: EdgeWorker) -> dict:
     """One wake-up, as the database's POST would be."""
-    response = httpx.post(
-        worker.url,
-        headers={"Authorization": f"Bearer {worker.wake_secret}"},
-        json={"reason": "test", "queues": ["default"]},
-    )
+    response = post_wake(worker.url, worker.wake_secret, {"reason": "test", "queues": ["default"]})
     assert response.status_code == 202, response.text
     return response.json()
 

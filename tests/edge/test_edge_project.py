@@ -22,8 +22,8 @@ def test_only_the_edge_style_has_a_function(template: Path, tmp_path: Path, styl
     config = tomllib.loads((project / "supabase" / "config.toml").read_text())
     if style == "edge":
         assert (project / "supabase" / "functions" / "job-worker" / "index.ts").is_file()
-        # The wake-up's bearer may be a secret key that is not a JWT (sb_secret_...), so the
-        # gateway must let it through; the function checks the key itself.
+        # A wake-up carries no JWT, only its Standard Webhooks signature, so the gateway must
+        # let it through; the function checks the signature itself.
         assert config["functions"] == {"job-worker": {"enabled": True, "verify_jwt": False}}
     else:
         assert not (project / "supabase" / "functions").exists()

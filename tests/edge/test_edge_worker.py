@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -19,6 +20,7 @@ from psycopg.types.json import Jsonb
 from testkit.postgrest import PostgRESTStandIn
 from testkit.stack import point_wake_ups, wait_for_pg_net
 from tests.support.http_sink import HttpSink
+from tests.support.wake_signing import secret_for, signed
 
 from .deno_worker import Deno, EdgeWorker, SlowReceiver, start_edge_worker, stop_edge_worker
 
@@ -156,32 +158,62 @@ def test_a_throwing_handler_is_retried_then_dead_lettered(
     assert "send_webhook.ts" in error, "the stored error says where it was thrown"
 
 
-def test_a_wrong_bearer_gets_403_and_claims_nothing(
-    db: psycopg.Connection, edge_worker: EdgeWorker
+def test_only_the_databases_signed_wake_up_gets_in_and_only_once(
+    db: psycopg.Connection, deno: Deno, function_dir: Path, postgrest: PostgRESTStandIn
 ) -> None:
-    for headers in (
-        {"Authorization": "Bearer not-the-service-key"},
-        {"Authorization": f"Basic {edge_worker.wake_secret}"},
-        # the service key the function runs with opens the Data API, not the wake-up
-        {"Authorization": f"Bearer {edge_worker.key}"},
-        {},
-    ):
-        response = httpx.post(edge_worker.url, headers=headers, json={"queues": ["default"]})
-        assert response.status_code == 403, headers
-        assert "Bearer <wake-up secret>" in response.json()["error"]
+    """Wake-ups the database did not sign with the function's secret are refused and claim
+    nothing: unsigned (a bearer token of any kind, as 1.1.0 sent the secret), signed with
+    another key (the database's own, sent by the real pg_net, too), stale, with the body
+    changed, or the database's real one sent a second time. Refusals are logged once a minute,
+    saying what to check. A fresh function: no refusal of another test was logged before."""
+    worker = start_edge_worker(deno, function_dir, postgrest, PGQUEUE_LINGER_MS="0")
+    try:
+        body = json.dumps({"queues": ["default"]}).encode()
+        stale = datetime.now(tz=UTC) - timedelta(minutes=6)
+        for headers, status in (
+            ({}, 401),
+            ({"Authorization": f"Bearer {worker.wake_secret}"}, 401),
+            ({"Authorization": f"Basic {worker.wake_secret}"}, 401),
+            # the service key the function runs with opens the Data API, not the wake-up
+            ({"Authorization": f"Bearer {worker.key}"}, 401),
+            (signed(secret_for("another-secret-than-the-functions"), body), 403),
+            (signed(worker.wake_secret, body, at=stale), 403),
+        ):
+            response = httpx.post(worker.url, headers=headers, content=body)
+            assert response.status_code == status, headers
+            assert "PGQUEUE_WAKE_SECRET" in response.json()["error"]
 
-    # The database's wake-up with the wrong key gets the same answer, and the job waits.
-    point_wakeups_at(db, edge_worker, key="a-stale-wake-secret-0123456789")
-    insert_jobs(db, {"kind": "send_email", "payload": {"to": "a@b.co", "subject": "x", "text": ""}})
-    wait_for_pg_net(db)
-    assert wake_responses(db) == [403]
-    time.sleep(0.5)
-    assert db.execute("select status, attempts from pgqueue.all_jobs").fetchall() == [("queued", 0)]
+        # The database's wake-up signed with another secret gets the same answer; the job waits.
+        point_wakeups_at(db, worker, key=secret_for("a-stale-wake-secret-0123456789"))
+        insert_jobs(
+            db, {"kind": "send_email", "payload": {"to": "a@b.co", "subject": "x", "text": ""}}
+        )
+        wait_for_pg_net(db)
+        assert wake_responses(db) == [403]
+        time.sleep(0.5)
+        assert db.execute("select status, attempts from pgqueue.all_jobs").fetchall() == [
+            ("queued", 0)
+        ]
 
-    # With the right key, the next wake-up (here the sweeper's) runs it.
-    point_wakeups_at(db, edge_worker)
-    db.execute("select pgqueue.sweep()")
-    wait_for_jobs(db, "status = 'done'", edge_worker)
+        # The sweeper's wake-up with the right secret, caught on its way: changed, refused;
+        # as sent, taken, and the job runs; sent again, refused.
+        with HttpSink() as sink:
+            point_wake_ups(db, sink.url, worker.wake_secret)
+            db.execute("select pgqueue.sweep()")
+            wait_for_pg_net(db)
+        (real,) = sink.requests
+        headers = {k: v for k, v in real.headers.items() if k.startswith("webhook-")}
+        changed = real.body.replace(b"default", b"elsewhere")
+        assert httpx.post(worker.url, headers=headers, content=changed).status_code == 403
+        assert httpx.post(worker.url, headers=headers, content=real.body).status_code == 202
+        wait_for_jobs(db, "status = 'done'", worker)
+        assert httpx.post(worker.url, headers=headers, content=real.body).status_code == 403
+
+        (logged,) = [e for e in worker.events() if e.get("event") == "wake.refused"]
+        assert "PGQUEUE_WAKE_SECRET" in logged["check"] and "clock" in logged["check"]
+        assert worker.wake_secret not in worker.output()
+    finally:
+        stop_edge_worker(worker)
 
 
 def test_a_job_is_completed_by_the_call_that_claims_the_next_one(

@@ -14,6 +14,7 @@ import psycopg
 from testkit.cluster import Cluster
 from testkit.postgrest import make_jwt
 from testkit.stack import point_wake_ups, wait_for_pg_net
+from tests.support.wake_signing import secret_for
 
 from .conftest import HTTP, Fleet
 from .harness import (
@@ -35,7 +36,7 @@ def test_lost_wakeups_are_made_up_by_the_sweeper(
     fleet: Fleet,
     audit_dir: Path,
 ) -> None:
-    key = "wake-secret-of-the-reliability-suite-0123"
+    key = secret_for("wake-secret-of-the-reliability-suite-0123")
     # no idle poll and no linger (it waits on LISTEN) during the test: only wake-ups (the
     # sweeper's re-wake here) bring it in
     worker = fleet(
@@ -98,7 +99,7 @@ def test_with_every_wake_up_lost_the_idle_poll_drains_the_queue(
 ) -> None:
     """No sweeper (pg_cron is down too) and a worker URL that refuses every wake-up: the
     worker, polling every 2 s when idle, still finds and runs every job."""
-    key = "wake-secret-of-the-reliability-suite-0123"
+    key = secret_for("wake-secret-of-the-reliability-suite-0123")
     poll_s = 2.0
     # no linger (it waits on LISTEN): only the idle poll finds the jobs
     worker = fleet(

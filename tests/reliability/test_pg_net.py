@@ -16,6 +16,7 @@ from testkit.cluster import Cluster
 from testkit.postgrest import make_jwt
 from testkit.stack import point_wake_ups, wait_for_pg_net
 from tests.support.jobs import wait_until
+from tests.support.wake_signing import secret_for
 
 from .conftest import HTTP, Fleet
 from .harness import (
@@ -42,7 +43,7 @@ def test_an_endpoint_slower_than_the_request_timeout(
     """While the worker's URL takes every request and answers none for 5 s, each wake-up
     times out after 2 s and the jobs wait; each batch of pg_net's waits out the timeout of
     its slowest request. Once the URL answers again, the sweeper's re-wake drains them."""
-    key = "wake-secret-of-the-reliability-suite-0123"
+    key = secret_for("wake-secret-of-the-reliability-suite-0123")
     # no idle poll and no linger (it waits on LISTEN): only wake-ups bring it in
     worker = fleet(
         HTTP,
@@ -114,7 +115,7 @@ def test_pg_net_worker_restarted_in_the_middle_of_a_stream(
     """One job per statement at 50 a second, and pg_net's background worker restarted
     (`select net.worker_restart()`) three times meanwhile: its queue is a table, so the
     requests queued while it was down go out when it is back."""
-    key = "wake-secret-of-the-reliability-suite-0123"
+    key = secret_for("wake-secret-of-the-reliability-suite-0123")
     # no idle poll and no linger (it waits on LISTEN): only wake-ups bring it in
     worker = fleet(
         HTTP,
@@ -181,7 +182,7 @@ def test_server_restarts_lose_pg_nets_queue_and_the_sweeper_makes_up_for_it(
     and pg_net sends them when the server is back; an immediate one (a crash) empties its
     queue, so those wake-ups are never sent. The sweeper's re-wake brings the worker back in
     either way."""
-    key = "wake-secret-of-the-reliability-suite-0123"
+    key = secret_for("wake-secret-of-the-reliability-suite-0123")
     # no idle poll and no linger (it waits on LISTEN): only wake-ups bring it in
     worker = fleet(
         HTTP,

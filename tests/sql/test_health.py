@@ -9,8 +9,9 @@ import psycopg
 
 from testkit.project import push_migrations, render
 from testkit.stack import point_wake_ups, start_supabase_like_cluster, wait_for_pg_net
+from tests.support.wake_signing import secret_for
 
-KEY = "health-test-key-0123456789"
+KEY = secret_for("health-test-key-0123456789")
 
 
 def health(db: psycopg.Connection) -> dict[str, tuple[bool, str]]:

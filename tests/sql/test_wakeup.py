@@ -17,11 +17,14 @@ from testkit.project import render, variant
 from testkit.stack import point_wake_ups, wait_for_pg_net
 from tests.support.http_sink import HttpSink
 from tests.support.jobs import enqueue, job, wait_until
+from tests.support.wake_signing import secret_for, verified
 from tests.support.workers import Installed, Workers
 
-GUC_KEY = "guc-test-key-not-a-real-secret"
-VAULT_KEY = "vault-test-key-not-a-real-secret"
-WORKER_KEY = "worker-test-key-not-a-real-secret"
+# As Standard Webhooks writes a secret (whsec_ and base64), and as `openssl rand -hex 32` makes
+# one (hex digits are base64 too): wake-ups are signed with either.
+GUC_KEY = secret_for("guc-test-key-not-a-real-secret")
+VAULT_KEY = "5ea1ed0f" * 8
+WORKER_KEY = secret_for("worker-test-key-not-a-real-secret")
 
 
 @pytest.fixture
@@ -100,8 +103,8 @@ def test_one_insert_of_a_thousand_jobs_sends_one_request_with_the_guc_key(
     assert len(sink.requests) == 1
     request = sink.requests[0]
     assert request.path == "/wake"
-    assert request.headers["Authorization"] == f"Bearer {GUC_KEY}"
-    assert request.json() == {"reason": "enqueue", "queues": ["default"]}
+    assert verified(request, GUC_KEY) == {"reason": "enqueue", "queues": ["default"]}
+    assert "Authorization" not in request.headers
     assert db.execute("select status_code, timed_out from net._http_response").fetchall() == [
         (202, False)
     ]
@@ -323,7 +326,7 @@ def test_vault_secrets_alone_route_the_wake_up(
     insert_jobs(db, 50)
     wait_for_pg_net(db)
     assert len(vault_sink.requests) == 1
-    assert vault_sink.requests[0].headers["Authorization"] == f"Bearer {VAULT_KEY}"
+    assert verified(vault_sink.requests[0], VAULT_KEY)["reason"] == "enqueue"
 
 
 def test_the_guc_wins_over_vault(
@@ -334,7 +337,7 @@ def test_the_guc_wins_over_vault(
     insert_jobs(db, 5)
     wait_for_pg_net(db)
     assert vault_sink.requests == []
-    assert [r.headers["Authorization"] for r in sink.requests] == [f"Bearer {GUC_KEY}"]
+    assert [verified(r, GUC_KEY)["reason"] for r in sink.requests] == ["enqueue"]
 
 
 def test_a_vault_key_with_the_guc_url(db: psycopg.Connection, sink: HttpSink) -> None:
@@ -342,7 +345,7 @@ def test_a_vault_key_with_the_guc_url(db: psycopg.Connection, sink: HttpSink) ->
     point_wake_ups(db, sink.url, None)
     insert_jobs(db, 1)
     wait_for_pg_net(db)
-    assert [r.headers["Authorization"] for r in sink.requests] == [f"Bearer {VAULT_KEY}"]
+    assert [verified(r, VAULT_KEY)["reason"] for r in sink.requests] == ["enqueue"]
 
 
 def test_without_vault_or_guc_nothing_is_sent(db: psycopg.Connection) -> None:
@@ -409,7 +412,7 @@ def test_a_wrong_key_gets_403_and_runs_nothing_then_the_vault_key_gets_in(
     db: psycopg.Connection, http_workers: Workers
 ) -> None:
     worker = http_workers.start()
-    point_wake_ups(db, f"{worker.url}/wake", "a-stale-key")
+    point_wake_ups(db, f"{worker.url}/wake", secret_for("a-stale-key"))
     stale = email(db)
     assert responses(db) == [403]
     time.sleep(0.5)
@@ -467,7 +470,7 @@ def test_no_key_reaches_a_log(
     assert "wake-up not sent" in server_log and "invalid URL" in server_log
     assert "DEBUG" in server_log
     assert "job.done" in worker_log
-    assert sink.requests[0].headers["Authorization"] == f"Bearer {VAULT_KEY}"
+    assert verified(sink.requests[0], VAULT_KEY)["reason"] == "enqueue"
     for key in (WORKER_KEY, GUC_KEY, VAULT_KEY):
         assert key not in server_log
         assert key not in worker_log

@@ -1,11 +1,14 @@
-"""Who can redirect a wake-up or read its secret (issue 38, findings 1, 2 and 8), each probe
-run against the real pg_net and Vault: a role that may only INSERT into a table whose trigger
-enqueues, SETting the wake-up settings in its own session; `anon` reading pg_net's queue while
-a wake-up waits in it; a Supabase API key given as the wake-up secret; and configure() given a
-metadata-service URL, credentials in a URL or an extension's setting as the secret's."""
+"""Who can redirect a wake-up or read its secret (issue 38, findings 1, 2 and 8; issue 47,
+finding 2), each probe run against the real pg_net and Vault: a role that may only INSERT into
+a table whose trigger enqueues, SETting the wake-up settings in its own session; `anon` reading
+pg_net's queue while a wake-up waits in it, and rewriting its URL, its body or planting one of
+its own there (hosted Supabase leaves pg_net's queue to PUBLIC); a Supabase API key or a secret
+that is not base64 given as the wake-up secret; and configure() given a metadata-service URL,
+credentials in a URL or an extension's setting as the secret's."""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +16,7 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg.types.json import Jsonb
+from standardwebhooks import WebhookVerificationError
 
 from testkit.cluster import Cluster
 from testkit.hosted import start_hosted_cluster
@@ -20,13 +24,15 @@ from testkit.postgrest import make_jwt
 from testkit.project import (
     push_migrations,
     release_refs,
+    render,
     render_repo,
 )
 from testkit.project import update as copier_update
 from testkit.stack import point_wake_ups, start_supabase_like_cluster, wait_for_pg_net
-from tests.support.http_sink import HttpSink
+from tests.support.http_sink import HttpSink, Request
+from tests.support.wake_signing import secret_for, verified
 
-SECRET = "wake-secret-for-tests-not-a-real-one"
+SECRET = secret_for("wake-secret-for-tests-not-a-real-one")
 
 
 @pytest.fixture
@@ -88,8 +94,8 @@ def test_a_role_that_may_only_insert_cannot_redirect_a_wake_up_set_on_the_databa
     point_wake_ups(db, sink.url, SECRET)
     insert_order_redirected(stack, attacker.url, None)
     wait_for_pg_net(db)
-    assert [r.headers.get("Authorization") for r in attacker.requests] == []
-    assert [r.headers["Authorization"] for r in sink.requests] == [f"Bearer {SECRET}"]
+    assert attacker.requests == []
+    assert [verified(r, SECRET)["reason"] for r in sink.requests] == ["enqueue"]
 
 
 def test_a_role_that_may_only_insert_cannot_redirect_a_wake_up_set_in_vault(
@@ -101,8 +107,8 @@ def test_a_role_that_may_only_insert_cannot_redirect_a_wake_up_set_in_vault(
     db.execute("select vault.create_secret(%s, 'pgqueue_service_key')", (make_jwt("service_role"),))
     insert_order_redirected(stack, attacker.url, None)
     wait_for_pg_net(db)
-    assert [r.headers.get("Authorization") for r in attacker.requests] == []
-    assert [r.headers["Authorization"] for r in sink.requests] == [f"Bearer {SECRET}"]
+    assert attacker.requests == []
+    assert [verified(r, SECRET)["reason"] for r in sink.requests] == ["enqueue"]
 
 
 def test_a_role_level_setting_does_not_redirect_a_wake_up_either(
@@ -122,29 +128,196 @@ def test_a_role_level_setting_does_not_redirect_a_wake_up_either(
     assert len(sink.requests) == 1
 
 
-@pytest.mark.parametrize("role", ["anon", "authenticated"])
-def test_where_pg_net_keeps_its_grants_a_pending_wake_up_shows_only_the_wake_up_secret(
-    db: psycopg.Connection, stack: Cluster, role: str
-) -> None:
-    """On hosted Supabase pg_net belongs to supabase_admin, so the queue's migration (run as
-    postgres) cannot take back what pg_net grants PUBLIC: a request waiting in
-    net.http_request_queue is readable by the API roles. What it shows is the wake-up secret,
-    which only makes the worker look for jobs, never an API key (the next test: wake() refuses
-    to send one). The request is there for certain in the enqueuing transaction."""
+def pending_wake_up_as(stack: Cluster, role: str) -> Request:
+    """A wake-up as `role` reads it in pg_net's queue while it waits there (for certain in the
+    enqueuing transaction, rolled back: nothing is sent)."""
+    with stack.connect() as conn:
+        conn.execute("select pgqueue.enqueue('probe')")
+        conn.execute(f"set local role {role}")
+        (url, headers, body) = conn.execute(
+            "select url, headers, body from net.http_request_queue"
+        ).fetchone()
+        conn.rollback()
+    return Request("POST", url, headers, body)
+
+
+def assert_hosted_pg_net(db: psycopg.Connection) -> None:
     (owner,) = db.execute(
         "select pg_get_userbyid(relowner) from pg_class"
         " where oid = 'net.http_request_queue'::regclass"
     ).fetchone()
     assert owner == "supabase_admin", "the stack is shaped like hosted Supabase"
+
+
+@pytest.mark.parametrize("role", ["anon", "authenticated"])
+def test_where_pg_net_keeps_its_grants_a_pending_wake_up_holds_no_secret_and_a_valid_signature(
+    db: psycopg.Connection, stack: Cluster, role: str
+) -> None:
+    """On hosted Supabase pg_net belongs to supabase_admin, so the queue's migration (run as
+    postgres) cannot take back what pg_net grants PUBLIC: a request waiting in
+    net.http_request_queue is readable by the API roles. It shows no secret: only the
+    signature of its own id, time and body (Standard Webhooks), which the worker's library
+    verifies with the secret."""
+    assert_hosted_pg_net(db)
     point_wake_ups(db, "http://127.0.0.1:9/wake", SECRET)
+    pending = pending_wake_up_as(stack, role)
+    assert "Authorization" not in pending.headers
+    assert SECRET not in str(pending.headers) and SECRET.encode() not in pending.body
+    assert set(pending.headers) == {
+        "Content-Type",
+        "webhook-id",
+        "webhook-timestamp",
+        "webhook-signature",
+    }
+    assert verified(pending, SECRET) == {"reason": "enqueue", "queues": ["default"]}
+    with pytest.raises(WebhookVerificationError):
+        verified(pending, secret_for("another-secret"))
+
+
+def test_a_secret_made_with_openssl_rand_hex_signs_wake_ups_as_the_libraries_read_it(
+    db: psycopg.Connection, stack: Cluster
+) -> None:
+    """A wake-up secret made as the README said before 1.2.0 (`openssl rand -hex 32`) is base64
+    as it is: the database, Python's library and npm's (test_edge_worker.py) key the HMAC with
+    its base64 decoding, as Standard Webhooks reads a secret, with or without `whsec_`."""
+    hex_secret = secrets.token_hex(32)
+    for secret in (hex_secret, f"whsec_{hex_secret}"):
+        point_wake_ups(db, "http://127.0.0.1:9/wake", secret)
+        assert verified(pending_wake_up_as(stack, "postgres"), hex_secret)["reason"] == "enqueue"
+
+
+def test_self_hosted_with_pgcrypto_in_a_schema_of_its_own_wake_ups_are_signed_all_the_same(
+    project: Path, sink: HttpSink
+) -> None:
+    """Self-hosted, pgcrypto created before the queue in another schema than `extensions`: the
+    migration leaves it there, and wake() signs with its hmac() there."""
+    cluster = start_supabase_like_cluster()
+    try:
+        with cluster.connect(autocommit=True) as conn:
+            conn.execute("create schema crypto; create extension pgcrypto with schema crypto")
+        push_migrations(project, cluster.url())
+        with cluster.connect(autocommit=True) as conn:
+            (where,) = conn.execute(
+                "select extnamespace::regnamespace::text from pg_extension"
+                " where extname = 'pgcrypto'"
+            ).fetchone()
+            point_wake_ups(conn, sink.url, SECRET)
+            conn.execute("select pgqueue.enqueue('probe')")
+            wait_for_pg_net(conn)
+    finally:
+        cluster.destroy()
+    assert where == "crypto"
+    assert [verified(r, SECRET)["reason"] for r in sink.requests] == ["enqueue"]
+
+
+def test_the_step_from_1_1_0_warns_when_the_secret_is_not_base64(
+    template: Path, tmp_path: Path
+) -> None:
+    """A secret of 1.1.0 that is not base64 worked as a bearer token, and signs nothing: the
+    step says so as it applies, and where to read what to do."""
+    project = render(template, tmp_path / "app", queue_baseline="1.1.0")
+    step = project / "supabase/migrations/20261208000000_pgqueue_1_2_0_security.sql"
+    step_sql = step.read_text()
+    step.unlink()  # applied below, as `postgres`, where its warnings can be read
+    cluster = start_supabase_like_cluster()
+    warnings: list[str] = []
+    try:
+        push_migrations(project, cluster.url())
+        with cluster.connect(autocommit=True) as conn:
+            point_wake_ups(conn, "http://127.0.0.1:9/wake", "a-1.1.0-secret-that-is-not-base64")
+        with psycopg.connect(cluster.dsn(user="postgres")) as conn:
+            conn.add_notice_handler(
+                lambda d: warnings.append(f"{d.message_primary} ({d.message_hint})")
+            )
+            conn.execute(step_sql)
+    finally:
+        cluster.destroy()
+    (warning,) = [w for w in warnings if "from now on no wake-up is sent" in w]
+    assert "is not base64" in warning and "openssl rand -hex 32" in warning, warning
+    assert "upgrading.md#from-110-to-120" in warning
+
+
+@pytest.mark.parametrize(
+    "secret", ["wake-secret-for-tests-not-a-real-one", "0123456789abcdefa", "whsec_"]
+)
+def test_a_secret_that_is_not_base64_is_never_used_and_health_says_what_to_do(
+    db: psycopg.Connection, stack: Cluster, sink: HttpSink, secret: str
+) -> None:
+    point_wake_ups(db, sink.url, secret)
+    notices: list[str] = []
+    with stack.connect(autocommit=True) as conn:
+        conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+        conn.execute("select pgqueue.enqueue('probe')")
+    wait_for_pg_net(db)
+    assert sink.requests == []
+    assert any("wake-up not sent" in n and "is not base64" in n for n in notices), notices
+    assert not any(secret in n for n in notices if secret != "whsec_")
+    ok, detail = {c: (o, d) for c, o, d in db.execute("select * from pgqueue.health()")}[
+        "wake_secret"
+    ]
+    assert not ok and "openssl rand -hex 32" in detail, detail
+
+
+def test_a_role_that_rewrites_pending_wake_ups_gets_no_secret_and_nothing_the_worker_takes(
+    db: psycopg.Connection, stack: Cluster, sink: HttpSink, attacker: HttpSink
+) -> None:
+    """Hosted Supabase leaves pg_net's queue to PUBLIC: `anon` rewrites the URL of a waiting
+    wake-up to its own server, and the body of another. The wake-up it gets holds no secret;
+    the rewritten body no longer matches its signature, so the worker's library refuses it.
+    (The redirected wake-up is lost to the worker: the sweeper's re-wake, within a minute, and
+    the idle poll make up for it, docs/security.md.)"""
+    assert_hosted_pg_net(db)
+    point_wake_ups(db, sink.url, SECRET)
     with stack.connect() as conn:
         conn.execute("select pgqueue.enqueue('probe')")
-        conn.execute(f"set local role {role}")
-        (shown,) = conn.execute(
-            "select headers ->> 'Authorization' from net.http_request_queue"
-        ).fetchone()
+        conn.execute("select pgqueue.enqueue('probe', queue => 'other')")
+        conn.execute("set local role anon")
+        redirected = conn.execute(
+            "update net.http_request_queue set url = %s"
+            " where convert_from(body, 'UTF8')::jsonb -> 'queues' ? 'default'",
+            (attacker.url,),
+        ).rowcount
+        rewritten = conn.execute(
+            "update net.http_request_queue set body = convert_to(replace("
+            "convert_from(body, 'UTF8'), 'other', 'default'), 'UTF8') where url = %s",
+            (sink.url,),
+        ).rowcount
+        conn.commit()
+    wait_for_pg_net(db)
+    assert (redirected, rewritten) == (1, 1)
+    (stolen,) = attacker.requests
+    assert "Authorization" not in stolen.headers and SECRET not in str(stolen.headers)
+    (changed,) = sink.requests
+    assert changed.json()["queues"] == ["default"]
+    with pytest.raises(WebhookVerificationError, match="No matching signature"):
+        verified(changed, SECRET)
+
+
+def test_a_wake_up_planted_in_pg_nets_queue_does_not_stand_in_for_the_databases(
+    db: psycopg.Connection, stack: Cluster, sink: HttpSink
+) -> None:
+    """wake() sends no second wake-up while one of its own waits; one that `anon` wrote into
+    pg_net's queue, to the same URL for the same queues with a made-up signature, is not its
+    own: wake() sends its wake-up all the same."""
+    point_wake_ups(db, sink.url, SECRET)
+    with stack.connect() as conn:
+        conn.execute("set local role anon")
+        conn.execute(
+            "insert into net.http_request_queue (method, url, headers, body, timeout_milliseconds)"
+            " values ('POST', %s, jsonb_build_object('webhook-id', 'wake_planted',"
+            " 'webhook-timestamp', extract(epoch from now())::bigint::text,"
+            " 'webhook-signature', 'v1,bm90IGEgc2lnbmF0dXJl'),"
+            ' convert_to(\'{"reason": "enqueue", "queues": ["default"]}\', \'UTF8\'), 2000)'
+            " returning id",
+            (sink.url,),
+        )
+        conn.execute("reset role")
+        (planted,) = conn.execute("select max(id) from net.http_request_queue").fetchone()
+        (sent,) = conn.execute("select pgqueue.wake('enqueue')").fetchone()
+        (again,) = conn.execute("select pgqueue.wake('enqueue')").fetchone()
         conn.rollback()
-    assert shown == f"Bearer {SECRET}"
+    assert sent is not None and sent != planted
+    assert again == sent, "its own waiting wake-up it does find"
 
 
 @pytest.mark.parametrize("role", ["anon", "authenticated"])
@@ -181,8 +354,8 @@ def test_where_the_migration_owns_pg_net_a_pending_wake_up_is_not_readable_by_ap
 def test_a_supabase_api_key_is_never_sent_as_the_wake_up_secret(
     db: psycopg.Connection, stack: Cluster, sink: HttpSink, api_key: str
 ) -> None:
-    """The secret a wake-up carries lies in pg_net's queue, readable where pg_net's grants
-    stay (hosted Supabase): it must be one that only wakes the worker."""
+    """The secret wake-ups are signed with must be one that only wakes the worker, never a
+    key that opens the Data API."""
     point_wake_ups(db, sink.url, api_key)
     notices: list[str] = []
     with stack.connect(autocommit=True) as conn:
@@ -316,7 +489,7 @@ def test_a_project_from_0_1_0_wakes_its_worker_again_after_the_documented_steps(
     `copier update` and `supabase db push`, the key is no longer sent (nothing is, and
     health() says why); once the user follows docs/upgrading.md (a secret of its own in the
     Vault secret <schema>_wake_secret, the old one deleted), wake-ups arrive again at the same
-    URL, carrying the new secret."""
+    URL, signed with the new secret."""
     service_key = make_jwt("service_role")
     project = render_repo(
         history,
@@ -337,13 +510,14 @@ def test_a_project_from_0_1_0_wakes_its_worker_again_after_the_documented_steps(
                 db.execute("select vault.create_secret(%s, 'pgqueue_worker_url')", (sink.url,))
                 db.execute("select vault.create_secret(%s, 'pgqueue_service_key')", (service_key,))
 
-                def enqueue_and_wait() -> list[str | None]:
+                def enqueue_and_wait() -> list[Request]:
                     before = len(sink.requests)
                     db.execute("select pgqueue.enqueue('send_email', '{}')")
                     wait_for_pg_net(db)
-                    return [r.headers.get("Authorization") for r in sink.requests[before:]]
+                    return sink.requests[before:]
 
-                assert enqueue_and_wait() == [f"Bearer {service_key}"], "0.1.0 sends the key"
+                (sent,) = enqueue_and_wait()
+                assert sent.headers["Authorization"] == f"Bearer {service_key}", "0.1.0 sends it"
                 copier_update(project, "HEAD")
                 push_migrations(project, cluster.url())
                 assert enqueue_and_wait() == [], "1.0.0 never sends an API key"
@@ -354,6 +528,8 @@ def test_a_project_from_0_1_0_wakes_its_worker_again_after_the_documented_steps(
                 # docs/upgrading.md, "From 0.1.0 to 1.0.0": a secret of its own, the key gone
                 db.execute("select vault.create_secret(%s, 'pgqueue_wake_secret')", (SECRET,))
                 db.execute("delete from vault.secrets where name = 'pgqueue_service_key'")
-                assert enqueue_and_wait() == [f"Bearer {SECRET}"]
+                (signed,) = enqueue_and_wait()
+                assert verified(signed, SECRET)["reason"] == "enqueue"
+                assert "Authorization" not in signed.headers
     finally:
         cluster.destroy()

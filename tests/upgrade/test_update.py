@@ -563,7 +563,7 @@ def test_a_project_from_the_release_updates_to_head_with_its_live_jobs(
         # the updated project's worker drains the jobs that waited through the upgrade
         env = {
             "SUPABASE_SERVICE_ROLE_KEY": "not-used-here",
-            "WAKE_SECRET": "a-wake-up-secret-of-the-update-test",
+            "WAKE_SECRET": "0123456789abcdef" * 4,  # as `openssl rand -hex 32` makes one
             "PORT": str(free_port()),
         }
         with run_worker(project, cluster.dsn(user="postgres"), **env) as worker:

@@ -71,7 +71,7 @@ def run_cli_example(installed: Installed, cluster: Cluster, example: Example) ->
         "DB_URL": cluster.dsn(user="postgres"),
         "API_URL": "http://127.0.0.1:54321",
         "SERVICE_ROLE_KEY": make_jwt("service_role"),
-        "WAKE_SECRET": "a-wake-up-secret-of-the-cli-examples",
+        "WAKE_SECRET": "0123456789abcdef" * 4,  # as `openssl rand -hex 32` makes one
     }
     # a server example listens where the docs say (the dashboard on 8080): one at a time
     with SERVER_LOCK.open("w") as lock:

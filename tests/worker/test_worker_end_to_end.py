@@ -17,6 +17,7 @@ from testkit.postgrest import make_jwt
 from testkit.project import PYTHON_VARIANTS, variant
 from testkit.stack import wait_for_pg_net
 from tests.support.jobs import enqueue, job, runs, wait_until
+from tests.support.wake_signing import post_wake, secret_for, signed
 from tests.support.workers import (
     OTHER_KIND,
     Installed,
@@ -296,7 +297,7 @@ def test_sigterm_releases_jobs_that_outlast_the_grace_period(
     indirect=True,
     ids=str,
 )
-def test_wake_endpoint_refuses_a_missing_or_wrong_bearer(
+def test_wake_endpoint_refuses_what_the_database_did_not_sign(
     installed: Installed,
     workers: Workers,
     db: psycopg.Connection,
@@ -308,25 +309,24 @@ def test_wake_endpoint_refuses_a_missing_or_wrong_bearer(
     worker = workers.start(WORKER_POLL_INTERVAL=3600, WORKER_LINGER_SECONDS=0)
     log = tmp_path / "runs.jsonl"
     job_id = enqueue(db, log=str(log))  # no wake-up configured: only our POSTs can wake it
+    body = json.dumps({"queues": ["default"]}).encode()
     refused = [
-        {},
-        {"Authorization": "Bearer wrong"},
-        {"Authorization": f"Bearer {make_jwt('anon')}"},
-        {"Authorization": wake_secret},
-        # the service key opens the Data API, never the wake endpoint
-        {"Authorization": f"Bearer {service_role_key}"},
+        ({}, 401),
+        # the secret itself, as 1.1.0 sent it, opens nothing
+        ({"Authorization": f"Bearer {wake_secret}"}, 401),
+        ({"Authorization": f"Bearer {make_jwt('anon')}"}, 401),
+        # signed with the service key, which opens the Data API, never the wake endpoint
+        (signed(secret_for(service_role_key), body), 403),
     ]
-    for headers in refused:
-        response = httpx.post(f"{worker.url}/wake", headers=headers, json={"queues": ["default"]})
-        assert response.status_code == 403, headers
+    for headers, status in refused:
+        response = httpx.post(f"{worker.url}/wake", headers=headers, content=body)
+        assert response.status_code == status, headers
     time.sleep(0.5)
     untouched = job(db, job_id)
     assert (untouched["status"], untouched["attempts"]) == ("queued", 0)
     assert runs(log, job_id) == []
 
-    headers = {"Authorization": f"Bearer {wake_secret}"}
-    response = httpx.post(f"{worker.url}/wake", headers=headers, json={"queues": ["default"]})
-    assert response.status_code == 202
+    assert post_wake(f"{worker.url}/wake", wake_secret).status_code == 202
     until_status(db, job_id, "done")
 
 
@@ -419,8 +419,7 @@ def test_a_job_claimed_while_lingering_keeps_its_lease(
     worker = workers.start(
         WORKER_LEASE_SECONDS=2, WORKER_POLL_INTERVAL=3600, WORKER_LINGER_SECONDS=10
     )
-    headers = {"Authorization": f"Bearer {wake_secret}"}
-    assert httpx.post(f"{worker.url}/wake", headers=headers, json={}).status_code == 202
+    assert post_wake(f"{worker.url}/wake", wake_secret, {}).status_code == 202
     time.sleep(0.5)  # the queue was empty: the app lingers now, and no wake-up is configured
     log = tmp_path / "runs.jsonl"
     job_id = enqueue(db, log=str(log), sleep=3.5)

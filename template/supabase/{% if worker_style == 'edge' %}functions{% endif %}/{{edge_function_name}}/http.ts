@@ -1,13 +1,16 @@
-// Machinery: the HTTP side. The database's wake-up (pg_net) is a POST with
-// `Authorization: Bearer <service key>` and a body like {"reason": "enqueue", "queues":
-// ["default"]}. The reply (202) goes out at once; the jobs run after it, for as long as the
+// Machinery: the HTTP side. The database's wake-up (pg_net) is a POST of a body like
+// {"reason": "enqueue", "queues": ["default"]}, signed with the wake-up secret as Standard
+// Webhooks says (headers webhook-id, webhook-timestamp, webhook-signature; the secret itself
+// is never sent). auth.ts checks it: an unsigned, stale, replayed or wrongly signed one is
+// refused (401/403), and logged once a minute at most with what to check. The reply (202) goes
+// out at once; the jobs run after it, for as long as the
 // Edge runtime keeps the function alive for them (EdgeRuntime.waitUntil). An instance runs
 // one drain at a time: a wake-up during a drain joins it (pg_net sends its wake-ups in
 // batches, all at once), and one while a drain winds down starts the next when it ends. When
 // the runtime unloads the function (`beforeunload`), the drain releases its running jobs.
 // `GET .../metrics`, with the service key, answers the queue's metrics in Prometheus' text
 // format.
-import { bearerCheck } from "./auth.ts";
+import { bearerCheck, wakeUpCheck } from "./auth.ts";
 import { type Clock, systemClock } from "./clock.ts";
 import type { HandlerMap } from "./job.ts";
 import { formatPrometheus, PROMETHEUS_CONTENT_TYPE } from "./metrics.ts";
@@ -63,8 +66,11 @@ export function createWakeHandler(
     drains.unload();
   });
   const serveMetrics = metricsEndpoint(options, log);
-  // A wake-up presents the wake-up secret only.
-  const isWakeUp = bearerCheck([options.settings.wakeSecret]);
+  // A wake-up is signed with the wake-up secret, and with nothing else.
+  const wakeUp = wakeUpCheck(options.settings.wakeSecret, {
+    schema: options.settings.schema,
+    log,
+  });
 
   return async (request) => {
     if (request.method === "GET" && new URL(request.url).pathname.endsWith("/metrics")) {
@@ -75,16 +81,17 @@ export function createWakeHandler(
         Allow: "POST",
       });
     }
-    if (!(await isWakeUp(request.headers.get("authorization")))) {
+    const signed = wakeUp.signed(request.headers);
+    if (!signed.ok) {
       await request.body?.cancel();
-      return reply(403, {
-        error: "Forbidden: send `Authorization: Bearer <wake-up secret>` with the secret " +
-          "this function runs with (PGQUEUE_WAKE_SECRET).",
-      });
+      return refused(signed);
     }
+    const body = await request.text();
+    const checked = wakeUp.check(body, request.headers);
+    if (!checked.ok) return refused(checked);
     let wake: Wake;
     try {
-      wake = parseWake(await request.text());
+      wake = parseWake(body);
     } catch (error) {
       return reply(400, { error: (error as Error).message });
     }
@@ -238,6 +245,15 @@ export function parseWake(body: string): Wake {
     throw new Error(`${usage}; "queues" must be a list of queue names.`);
   }
   return { reason: String(reason ?? "manual"), queues };
+}
+
+/** The answer to a wake-up refused by auth.ts. */
+function refused(check: { status: number; reason: string }): Response {
+  return reply(check.status, {
+    error: `Wake-up refused (${check.reason}): the database signs its wake-ups with the ` +
+      "wake-up secret (Standard Webhooks), which this function must run with too " +
+      "(PGQUEUE_WAKE_SECRET).",
+  });
 }
 
 function reply(

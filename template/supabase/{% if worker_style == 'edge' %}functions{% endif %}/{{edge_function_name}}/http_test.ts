@@ -1,4 +1,5 @@
 import assert from "node:assert/strict";
+import { Webhook } from "standardwebhooks";
 import { z } from "zod";
 import { createWakeHandler, parseWake } from "./http.ts";
 import { defineHandler } from "./job.ts";
@@ -12,7 +13,7 @@ import type { DrainSummary } from "./worker.ts";
 const settings: Settings = {
   supabaseUrl: "http://127.0.0.1:54321",
   serviceKeys: ["service-key"],
-  wakeSecret: "wake-secret-of-the-tests",
+  wakeSecret: "whsec_d2FrZS1zZWNyZXQtb2YtdGhlLXRlc3Rz",
   schema: "pgqueue",
   batchSize: 10,
   maxJobsInFlight: 10,
@@ -24,10 +25,29 @@ const settings: Settings = {
 
 const handlers = { ok: defineHandler(z.object({}), () => {}) };
 
-function wake(authorization: string | null, body = '{"reason":"enqueue","queues":["default"]}') {
-  const headers = new Headers({ "Content-Type": "application/json" });
-  if (authorization !== null) headers.set("Authorization", authorization);
-  return new Request("http://localhost/job-worker", { method: "POST", headers, body });
+const BODY = '{"reason":"enqueue","queues":["default"]}';
+
+/** The headers of a wake-up of `body` signed with `secret` (now, with a new id, unless told). */
+function signed(
+  body: string,
+  secret = settings.wakeSecret,
+  at = new Date(),
+  id = `wake_${crypto.randomUUID()}`,
+): Record<string, string> {
+  return {
+    "webhook-id": id,
+    "webhook-timestamp": String(Math.floor(at.getTime() / 1000)),
+    "webhook-signature": new Webhook(secret).sign(id, at, body),
+  };
+}
+
+/** A wake-up as the database sends one, or with `headers` instead of its signature. */
+function wake(body = BODY, headers: Record<string, string> = signed(body)) {
+  return new Request("http://localhost/job-worker", {
+    method: "POST",
+    headers: { "Content-Type": "application/json", ...headers },
+    body,
+  });
 }
 
 /**
@@ -76,12 +96,12 @@ function scrape(authorization: string | null, path = "/job-worker/metrics") {
   return new Request(`http://localhost${path}`, { headers });
 }
 
-Deno.test("a wake-up with the service key is answered 202 and the jobs run after", async () => {
+Deno.test("a signed wake-up is answered 202 and the jobs run after", async () => {
   const { queue, pending, summaries, handle } = setUp();
   queue.add("ok");
   queue.add("ok");
 
-  const response = await handle(wake("Bearer wake-secret-of-the-tests"));
+  const response = await handle(wake());
 
   assert.equal(response.status, 202);
   const body = await response.json();
@@ -102,14 +122,14 @@ Deno.test("a wake-up while a drain lingers joins it, whatever its queues", async
     clock,
   );
   queue.add("ok");
-  const first = await (await handle(wake("Bearer wake-secret-of-the-tests"))).json();
+  const first = await (await handle(wake())).json();
   await settle();
   assert.deepEqual(queue.byStatus("done"), [1], "the first job is done; the drain lingers");
 
   queue.add("ok");
-  const second = await handle(wake("Bearer wake-secret-of-the-tests"));
+  const second = await handle(wake());
   const other = await handle(
-    wake("Bearer wake-secret-of-the-tests", '{"queues":["default","emails"]}'),
+    wake('{"queues":["default","emails"]}'),
   );
 
   assert.equal(second.status, 202);
@@ -130,25 +150,43 @@ Deno.test("a wake-up while a drain lingers joins it, whatever its queues", async
   assert.ok(queue.claims.some((claim) => claim.queue === "emails"));
 });
 
-Deno.test("a wrong or missing key is refused with 403 and claims nothing", async () => {
-  const { queue, pending, handle } = setUp();
+Deno.test("a wake-up the database did not sign is refused, and claims nothing", async () => {
+  const { queue, pending, handle, logged } = setUp();
   queue.add("ok");
-
-  const refused = [
-    "Bearer wrong-key",
-    "Bearer Wake-Secret-0123456789",
-    "wake-secret-of-the-tests",
-    // the service key opens the Data API and the metrics, never the wake endpoint
-    "Bearer service-key",
-    null,
+  const minutes = (n: number) => new Date(Date.now() + n * 60_000);
+  const real = signed(BODY);
+  const refused: [string, Request, number][] = [
+    ["unsigned", wake(BODY, {}), 401],
+    [
+      "the secret as a bearer token",
+      wake(BODY, { Authorization: `Bearer ${settings.wakeSecret}` }),
+      401,
+    ],
+    ["the service key", wake(BODY, { Authorization: "Bearer service-key" }), 401],
+    ["another key", wake(BODY, signed(BODY, "whsec_b3RoZXIta2V5LW9mLXRoZS10ZXN0cw==")), 403],
+    ["another body", wake('{"queues":["elsewhere"]}', real), 403],
+    ["stale", wake(BODY, signed(BODY, settings.wakeSecret, minutes(-6))), 403],
+    ["ahead", wake(BODY, signed(BODY, settings.wakeSecret, minutes(6))), 403],
   ];
-  for (const authorization of refused) {
-    const response = await handle(wake(authorization));
-    assert.equal(response.status, 403, `Authorization: ${authorization}`);
-    assert.match((await response.json()).error, /Bearer <wake-up secret>/);
+  for (const [name, request, status] of refused) {
+    const response = await handle(request);
+    assert.equal(response.status, status, name);
+    assert.match((await response.json()).error, /PGQUEUE_WAKE_SECRET/);
   }
   assert.equal(pending.length, 0);
   assert.equal(queue.calls.length, 0);
+  // logged once (a minute at most), with what to check
+  const lines = logged.filter((line) => line.event === "wake.refused");
+  assert.equal(lines.length, 1);
+  assert.match(String(lines[0].check), /PGQUEUE_WAKE_SECRET.*health\(\).*clock/);
+});
+
+Deno.test("a wake-up is taken once: its replay is refused", async () => {
+  const { handle } = setUp();
+  const headers = signed(BODY);
+  assert.equal((await handle(wake(BODY, headers))).status, 202);
+  assert.equal((await handle(wake(BODY, headers))).status, 403);
+  assert.equal((await handle(wake())).status, 202, "a new id");
 });
 
 Deno.test("only POST wakes the worker", async () => {
@@ -198,7 +236,7 @@ Deno.test("GET /metrics answers 503 when the metrics cannot be read", async () =
 
 Deno.test("a malformed body is answered 400", async () => {
   const { handle } = setUp();
-  const response = await handle(wake("Bearer wake-secret-of-the-tests", '{"queues": "default"}'));
+  const response = await handle(wake('{"queues": "default"}'));
   assert.equal(response.status, 400);
   assert.match((await response.json()).error, /"queues" must be a list/);
 });
@@ -249,7 +287,7 @@ for (const waiting of [400, 5]) {
     });
 
     const responses = await Promise.all(
-      Array.from({ length: 30 }, () => handle(wake("Bearer wake-secret-of-the-tests"))),
+      Array.from({ length: 30 }, () => handle(wake())),
     );
     assert.deepEqual(responses.map((response) => response.status), Array(30).fill(202));
     open();
@@ -294,7 +332,7 @@ Deno.test("beforeunload mid-batch releases the running jobs and sends the comple
     onUnload: (listener) => unload = listener,
     log: () => {},
   });
-  await handle(wake("Bearer wake-secret-of-the-tests"));
+  await handle(wake());
   await running;
   assert.equal(slow.status, "running");
   assert.ok(unload, "the handler listens for beforeunload");
@@ -317,7 +355,9 @@ Deno.test("with a metrics token, GET /metrics takes that token and no service ke
   const scraped = await handle(scrape(`Bearer ${token}`));
   assert.equal(scraped.status, 200);
   await scraped.body?.cancel();
-  for (const authorization of ["Bearer service-key", "Bearer wake-secret-of-the-tests"]) {
+  for (
+    const authorization of ["Bearer service-key", "Bearer whsec_d2FrZS1zZWNyZXQtb2YtdGhlLXRlc3Rz"]
+  ) {
     const response = await handle(scrape(authorization));
     assert.equal(response.status, 401, authorization);
     assert.match(
@@ -326,5 +366,5 @@ Deno.test("with a metrics token, GET /metrics takes that token and no service ke
     );
   }
   // and the token wakes nothing
-  assert.equal((await handle(wake(`Bearer ${token}`))).status, 403);
+  assert.equal((await handle(wake(BODY, { Authorization: `Bearer ${token}` }))).status, 401);
 });

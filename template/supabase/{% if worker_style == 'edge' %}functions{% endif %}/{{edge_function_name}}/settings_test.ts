@@ -4,7 +4,7 @@ import { loadSettings, SettingsError } from "./settings.ts";
 const base = {
   SUPABASE_URL: "http://127.0.0.1:54321",
   SUPABASE_SERVICE_ROLE_KEY: "service-role-jwt",
-  PGQUEUE_WAKE_SECRET: "wake-secret-of-the-tests",
+  PGQUEUE_WAKE_SECRET: "whsec_d2FrZS1zZWNyZXQtb2YtdGhlLXRlc3Rz",
 };
 
 function env(values: Record<string, string>) {
@@ -108,6 +108,21 @@ Deno.test("the wake-up secret is required and never an API key", () => {
     () => loadSettings(env({ ...base, PGQUEUE_WAKE_SECRET: "short" })),
     /at least 16 characters/,
   );
+  // signed with as Standard Webhooks reads a secret: base64, maybe after whsec_
+  for (
+    const unreadable of [
+      "wake-secret-of-the-tests",
+      "whsec_not base64 at all!",
+      "0123456789abcdefa",
+    ]
+  ) {
+    assert.throws(
+      () => loadSettings(env({ ...base, PGQUEUE_WAKE_SECRET: unreadable })),
+      /PGQUEUE_WAKE_SECRET must be base64/,
+    );
+  }
+  const hex = "0123456789abcdef".repeat(4); // as `openssl rand -hex 32` makes one
+  assert.equal(loadSettings(env({ ...base, PGQUEUE_WAKE_SECRET: hex })).wakeSecret, hex);
   assert.equal(loadSettings(env(base)).wakeSecret, base.PGQUEUE_WAKE_SECRET);
 });
 
