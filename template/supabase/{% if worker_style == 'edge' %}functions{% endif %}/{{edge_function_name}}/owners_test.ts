@@ -1,6 +1,6 @@
 // job.owner (owners.ts) and UserFacingError (job.ts, report.ts) in a drain.
 import assert from "node:assert/strict";
-import { type HandlerMap, UserFacingError } from "./job.ts";
+import { type HandlerMap, PermanentError, UserFacingError } from "./job.ts";
 import { drain, drainOptions, MemoryQueue } from "./testing.ts";
 
 const USER = "6f1c2d3e-0000-4000-8000-000000000001";
@@ -44,7 +44,7 @@ Deno.test("a project with no kind open to users never looks owners up", async ()
   assert.deepEqual(queue.ownerCalls, []);
 });
 
-Deno.test("a UserFacingError fails its job for good, stored as its message alone", async () => {
+Deno.test("a UserFacingError fails its job for good, its message kept for the owner", async () => {
   const queue = new MemoryQueue();
   const id = queue.add("export_data").id;
   const handlers: HandlerMap = {
@@ -56,4 +56,18 @@ Deno.test("a UserFacingError fails its job for good, stored as its message alone
   assert.deepEqual(queue.byStatus("failed"), [id]);
   const job = queue.jobs.find((job) => job.id === id)!;
   assert.equal(job.lastError, "UserFacingError: your export is over 1 GB");
+  assert.deepEqual([...queue.shown], [[id, "your export is over 1 GB"]]);
+});
+
+Deno.test("a PermanentError reads like a UserFacingError in vain: its owner is shown nothing", async () => {
+  const queue = new MemoryQueue();
+  const id = queue.add("export_data").id;
+  const handlers: HandlerMap = {
+    export_data: () => Promise.reject(new PermanentError("UserFacingError: token=s3cret")),
+  };
+
+  await drain(["default"], drainOptions(queue, { handlers }));
+
+  assert.deepEqual(queue.byStatus("failed"), [id]);
+  assert.deepEqual([...queue.shown], []);
 });
