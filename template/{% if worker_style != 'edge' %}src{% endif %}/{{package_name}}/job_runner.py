@@ -131,12 +131,8 @@ class JobRunner:
             task.uncancel()
             await self._stopped(job, reason, registration, started)
             return
-        except UserFacingError as exc:
-            error = describe_exception(exc)
-            await self._fail(job, error, retryable=False, started=started, shown=str(exc))
-            return
         except PermanentError as exc:
-            await self._fail(job, str(exc), retryable=False, started=started)
+            await self._fail(job, *_permanent_error(exc), retryable=False, started=started)
             return
         except Exception as exc:
             await self._fail(job, describe_exception(exc), retryable=True, started=started)
@@ -218,7 +214,7 @@ class JobRunner:
         )
 
     async def _fail(
-        self, job: Job, error: str, *, retryable: bool, started: float, shown: str | None = None
+        self, job: Job, error: str, shown: str | None = None, *, retryable: bool, started: float
     ) -> None:
         await report_failure(
             self._queue,
@@ -231,3 +227,11 @@ class JobRunner:
             outage=self._outage,
             shown=shown,
         )
+
+
+def _permanent_error(exc: PermanentError) -> tuple[str, str | None]:
+    """The last_error of a job a handler failed for good, and for a UserFacingError the
+    message its owner reads in my_jobs (reported with fail_user_facing(), told by its type)."""
+    if isinstance(exc, UserFacingError):
+        return describe_exception(exc), str(exc)
+    return str(exc), None

@@ -185,14 +185,9 @@ export class MemoryQueue implements WorkerQueue {
     return Promise.resolve(job.status);
   }
 
-  /** The message each job failed with failUserFacing() shows its owner, by id. */
-  shown = new Map<number, string>();
-
-  /** fail_user_facing(): dead-lettered, its message kept for its owner. */
-  async failUserFacing(claimed: ClaimedJob, message: string): Promise<FailOutcome> {
-    const status = await this.fail(claimed, `UserFacingError: ${message}`, false);
-    if (status === "failed") this.shown.set(claimed.id, message);
-    return status;
+  /** fail_user_facing(): to the dead letters (the database keeps the message for the owner). */
+  failUserFacing(claimed: ClaimedJob, message: string): Promise<FailOutcome> {
+    return this.fail(claimed, `UserFacingError: ${message}`, false);
   }
 
   /** complete_jobs()'s check: SQLSTATE 54000 for a result over the limit. */
