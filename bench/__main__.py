@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from . import (
+    client_jobs,
     flow_control,
     generated_worker,
     hot_path_steps,
@@ -64,20 +65,22 @@ class Sizes:
     gauge_jobs: int
     # and single enqueue() calls no sweep has folded yet (a busy minute before the next sweep)
     gauge_unfolded: int
+    # the my_jobs scenario: one user's finished jobs (and as many of other users')
+    client_finished: int
 
 
 FULL = Sizes(
     20_000, 100_000, 10_000, 1_000_000, 20_000, 1_000, 500, 100.0, 250, 600, 15, 2.0,
     churn_jobs=500_000, churn_segment=50_000, churn_backlog=10_000,
     fairness_big=100_000, rate_per_s=200.0, rate_burst=20, rate_seconds=5.0,
-    limited_jobs=2_000, gauge_jobs=1_000_000, gauge_unfolded=60_000,
+    limited_jobs=2_000, gauge_jobs=1_000_000, gauge_unfolded=60_000, client_finished=10_000,
 )  # fmt: skip
 # (isolated jobs closer together than in a real run: the smoke run only checks that it works)
 SMOKE = Sizes(
     300, 1_000, 100, 2_000, 300, 30, 20, 100.0, 10, 20, 2, 0.5,
     churn_jobs=3_000, churn_segment=500, churn_backlog=500,
     fairness_big=1_000, rate_per_s=100.0, rate_burst=10, rate_seconds=2.0,
-    limited_jobs=200, gauge_jobs=2_000, gauge_unfolded=500,
+    limited_jobs=200, gauge_jobs=2_000, gauge_unfolded=500, client_finished=200,
 )  # fmt: skip
 TRANSPORTS = ("postgres", "supabase")
 
@@ -198,6 +201,8 @@ def scenarios(sizes: Sizes) -> dict[str, Callable[[Stack], Figures]]:
         "concurrency_limit": lambda s: flow_control.concurrency_limit(s, sizes.limited_jobs),
         # metrics() and stats with a million queued jobs as batches and a million as rows
         "gauges_1m": lambda s: queue_sql.gauges(s, sizes.gauge_jobs, sizes.gauge_unfolded),
+        # the newest 20 of a user's finished jobs in my_jobs, and a submit under the caps
+        "my_jobs": lambda s: client_jobs.my_jobs_page(s, sizes.client_finished),
         "pgqueuer": lambda s: _peer("pgqueuer", s, sizes.pgqueuer_jobs),
         "procrastinate": lambda s: _peer("procrastinate", s, sizes.procrastinate_jobs),
     }

@@ -49,6 +49,8 @@ SCENARIOS = {
     "notify_latency": {"p50_ms", "p95_ms", "p99_ms"},
     # metrics() and stats with jobs queued as batches and as rows (the median of 5 calls)
     "gauges_1m": {"metrics_ms", "stats_ms", "metrics_unfolded_ms", "stats_unfolded_ms"},
+    # a page of a signed-in user's finished jobs (the newest 20), and one submit (issue 47)
+    "my_jobs": {"newest_20_ms", "submit_ms"},
     "pgqueuer": {"enqueue_jobs_per_s", "drain_jobs_per_s"},
     "procrastinate": {"enqueue_jobs_per_s", "drain_jobs_per_s"},
     # (each pgmq drain fails the run if it leaves a message in the queue, or, for archive,

@@ -568,6 +568,8 @@ def test_service_role_has_exactly_the_worker_api(db: psycopg.Connection) -> None
         "disallow_client_kind",
         "job_owners",
         "checkout",
+        # release 1.2.0: a failure whose message the job's owner reads
+        "fail_user_facing",
     }
     with db.transaction(force_rollback=True):
         db.execute("set local role service_role")

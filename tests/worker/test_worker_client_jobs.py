@@ -1,7 +1,8 @@
 """Jobs of an app's signed-in users, run by a real worker of each transport (release 1.1.0,
 docs/client-jobs.md): the handler sees job.owner for a job a user submitted through the Data
 API (the PostgREST stand-in, with the user's JWT) and None for one the service enqueued; a
-UserFacingError's message is what the owner reads in my_jobs."""
+UserFacingError's message is what the owner reads in my_jobs (reported as such with
+fail_user_facing(), release 1.2.0), and no other error's, whatever its text."""
 
 from __future__ import annotations
 
@@ -71,15 +72,24 @@ def test_handlers_see_the_owner_and_the_owner_reads_a_user_facing_error(
         )
         assert refused.status_code == 200, refused.text
         failing = refused.json()
+        # a PermanentError whose text reads like a UserFacingError's stays hidden
+        disguised = api.post(
+            "/rpc/client_enqueue",
+            json={
+                "kind": "e2e_probe",
+                "payload": {"log": str(log), "permanent_error": "UserFacingError: key=s3cret"},
+            },
+        ).json()
         theirs = enqueue(db, log=str(log))
 
         def finished() -> bool:
-            return all(job(db, i)["status"] in ("done", "failed") for i in (mine, failing, theirs))
+            ids = (mine, failing, disguised, theirs)
+            return all(job(db, i)["status"] in ("done", "failed") for i in ids)
 
-        wait_until(finished, what="the three jobs to finish")
+        wait_until(finished, what="the four jobs to finish")
         starts = [line for line in probe_lines(log) if line["at"] == "start"]
         owners = {line["job_id"]: line["owner"] for line in starts}
-        assert owners == {mine: str(user), failing: str(user), theirs: None}
+        assert owners == {mine: str(user), failing: str(user), disguised: str(user), theirs: None}
 
         # Stored as `UserFacingError: <message>`, failed at once (no retry) ...
         failed = job(db, failing)
@@ -89,9 +99,11 @@ def test_handlers_see_the_owner_and_the_owner_reads_a_user_facing_error(
         rows = api.get("/my_jobs", params={"select": "id,status,error", "order": "id.desc"})
         assert rows.status_code == 200, rows.text
         assert rows.json() == [
+            {"id": disguised, "status": "failed", "error": None},
             {"id": failing, "status": "failed", "error": "that file is too big to export"},
             {"id": mine, "status": "done", "error": None},
         ]
+        assert job(db, disguised)["last_error"] == "UserFacingError: key=s3cret"
 
 
 @each_transport
@@ -119,6 +131,17 @@ def test_cli_opens_and_closes_kinds_to_users(
     refused = cli("allow-client-kind", "export_data", "0")
     assert refused.returncode != 0 and refused.stdout == ""
     assert "per_minute must be 1 to 10000 jobs a minute per user, got 0" in refused.stderr
+    # the caps: given, then kept when the rate changes alone
+    capped = cli(
+        "allow-client-kind", "export_data", "10", "--max-per-user", "5", "--max-total", "50"
+    )
+    assert capped.returncode == 0, capped.stderr
+    assert cli("allow-client-kind", "export_data", "20").returncode == 0
+    caps = "select per_minute, max_per_user, max_total from pgqueue.client_kinds"
+    assert clients.execute(caps).fetchall() == [(20, 5, 50)]
+    refused = cli("allow-client-kind", "export_data", "10", "--max-per-user", "0")
+    assert refused.returncode != 0
+    assert "max_per_user must be 1 to 10000 queued or running jobs, got 0" in refused.stderr
 
 
 # What owners.py does with the kinds it read: run on pytest's interpreter, with a stand-in for

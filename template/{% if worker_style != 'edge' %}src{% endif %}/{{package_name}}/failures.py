@@ -1,6 +1,8 @@
 # Worker machinery: you should not need to edit this file (handlers live in handlers/).
 """Failed attempts, reported to the queue (which retries the job later or dead-letters it),
-counted and logged."""
+counted and logged. An error the handler raised for the job's owner to read (a
+UserFacingError) is reported as such, with fail_user_facing(): the queue tells it by the call,
+never by the text of the error."""
 
 from __future__ import annotations
 
@@ -25,14 +27,25 @@ async def report_failure(
     metrics: WorkerMetrics,
     lease_seconds: int,
     outage: Outage | None = None,
+    shown: str | None = None,
 ) -> None:
     """Record a failed attempt of `job` (its handler started at `started`, a time.monotonic()
-    reading) with `error`; counted retried, dead, or lost when its token was stale."""
-    status = await report(
-        lambda: queue.fail(job, error, retryable=retryable),
-        give_up_after=lease_seconds,
-        outage=outage,
-    )
+    reading) with `error`; counted retried, dead, or lost when its token was stale. With
+    `shown`, the job fails for good and `shown` is the message its owner reads in my_jobs."""
+    status: str | None
+    if shown is not None:
+        message = shown
+        status = await report(
+            lambda: queue.fail_user_facing(job.id, job.lock_token, message),
+            give_up_after=lease_seconds,
+            outage=outage,
+        )
+    else:
+        status = await report(
+            lambda: queue.fail(job, error, retryable=retryable),
+            give_up_after=lease_seconds,
+            outage=outage,
+        )
     outcome: Outcome = "retried" if status == "queued" else "dead" if status == "failed" else "lost"
     metrics.finished([job], outcome)
     log.log(

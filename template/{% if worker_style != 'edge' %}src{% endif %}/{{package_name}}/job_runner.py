@@ -4,7 +4,8 @@
 The payload is validated with the handler's model, the handler runs in a task of its own, and
 the outcome goes back to the queue: success, with the handler's result, to the batched
 completions; a failure to fail() with the error (the queue decides between a retry with
-backoff and the dead letters); a job still running at shutdown to release(). A result that
+backoff and the dead letters), a UserFacingError to fail_user_facing() (the job's owner reads
+its message); a job still running at shutdown to release(). A result that
 is not JSON or is over max_result_bytes fails its job for good (results.py). The handler's
 progress reports go to the queue as it makes them, with the job's lock token.
 """
@@ -131,7 +132,7 @@ class JobRunner:
             await self._stopped(job, reason, registration, started)
             return
         except PermanentError as exc:
-            await self._fail(job, _permanent_error(exc), retryable=False, started=started)
+            await self._fail(job, *_permanent_error(exc), retryable=False, started=started)
             return
         except Exception as exc:
             await self._fail(job, describe_exception(exc), retryable=True, started=started)
@@ -212,7 +213,9 @@ class JobRunner:
             extra={"event": "job.released", "released": bool(released), **job_fields(job)},
         )
 
-    async def _fail(self, job: Job, error: str, *, retryable: bool, started: float) -> None:
+    async def _fail(
+        self, job: Job, error: str, shown: str | None = None, *, retryable: bool, started: float
+    ) -> None:
         await report_failure(
             self._queue,
             job,
@@ -222,11 +225,13 @@ class JobRunner:
             metrics=self._metrics,
             lease_seconds=self._lease_seconds,
             outage=self._outage,
+            shown=shown,
         )
 
 
-def _permanent_error(exc: PermanentError) -> str:
-    """The last_error of a job a handler failed for good: the message alone, or for a
-    UserFacingError `UserFacingError: <message>`, the form whose message the job's owner
-    reads in my_jobs (and nothing else)."""
-    return describe_exception(exc) if isinstance(exc, UserFacingError) else str(exc)
+def _permanent_error(exc: PermanentError) -> tuple[str, str | None]:
+    """The last_error of a job a handler failed for good, and for a UserFacingError the
+    message its owner reads in my_jobs (reported with fail_user_facing(), told by its type)."""
+    if isinstance(exc, UserFacingError):
+        return describe_exception(exc), str(exc)
+    return str(exc), None

@@ -134,11 +134,31 @@ class QueueFunctions(ABC):
         rows = await self.call("job_owners", {"job_ids": job_ids})
         return {int(row["id"]): str(row["owner"]) for row in rows}
 
-    async def allow_client_kind(self, kind: str, per_minute: int) -> None:
+    async def allow_client_kind(
+        self,
+        kind: str,
+        per_minute: int,
+        *,
+        max_per_user: int | None = None,
+        max_total: int | None = None,
+    ) -> None:
         """Let signed-in users submit jobs of `kind` from the app (client_enqueue()), at most
-        `per_minute` a minute each (1 to 10000); again: change the rate. Refused for a bad
-        kind or rate."""
-        await self.call("allow_client_kind", {"kind": kind, "per_minute": per_minute})
+        `per_minute` a minute each (1 to 10000), with at most `max_per_user` of each user's
+        queued or running at once (1 to 10000) and `max_total` of all users' (1 to 1000000).
+        A cap not given is 100 and 10,000 for a new kind, and stays as it was for a kind
+        already open; again: change the rate and caps. Refused for a bad kind, rate or cap."""
+        caps = {"max_per_user": max_per_user, "max_total": max_total}
+        args = {"kind": kind, "per_minute": per_minute}
+        await self.call(
+            "allow_client_kind", args | {k: v for k, v in caps.items() if v is not None}
+        )
+
+    async def fail_user_facing(self, job_id: int, lock_token: str, message: str) -> str | None:
+        """Fail a running job for good with an error its owner reads in my_jobs (a
+        UserFacingError): 'failed', or None when the token is stale."""
+        args = {"job_id": job_id, "lock_token": lock_token, "message": message}
+        status: str | None = await self._value("fail_user_facing", **args)
+        return status
 
     async def disallow_client_kind(self, kind: str) -> bool:
         """Refuse new submissions of `kind` from the app (jobs already submitted run, and

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..registry import JobInfo, UserFacingError, handler
+from ..registry import JobInfo, PermanentError, UserFacingError, handler
 
 
 class Probe(BaseModel):
@@ -21,6 +21,8 @@ class Probe(BaseModel):
     error: str | None = None
     # raised as a UserFacingError: the message the job's owner reads in my_jobs
     user_error: str | None = None
+    # raised as a PermanentError: its owner reads nothing, whatever its text
+    permanent_error: str | None = None
     # reported with job.report_progress() before the sleep, when given
     progress: Any = None
     # returned: the job's result
@@ -45,5 +47,7 @@ async def e2e_probe(payload: Probe, job: JobInfo) -> Any:
         raise RuntimeError(payload.error)
     if payload.user_error:
         raise UserFacingError(payload.user_error)
+    if payload.permanent_error:
+        raise PermanentError(payload.permanent_error)
     record("end")
     return float("nan") if payload.nan_result else payload.result

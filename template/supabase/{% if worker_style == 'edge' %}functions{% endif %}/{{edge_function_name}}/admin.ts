@@ -271,10 +271,26 @@ function clientKindCalls(api: DataApi) {
   return {
     /**
      * Lets signed-in users submit jobs of `kind` from the app (`client_enqueue()`), at most
-     * `perMinute` (1 to 10000) a minute each; again: changes the rate.
+     * `perMinute` (1 to 10000) a minute each, with at most `caps.maxPerUser` (1 to 10000) of
+     * each user's queued or running at once and `caps.maxTotal` (1 to 1000000) of all
+     * users'. A cap not given is 100 and 10,000 for a new kind, and stays as it was for a kind
+     * already open; again: changes the rate and caps.
      */
-    allowClientKind: (kind: string, perMinute: number) =>
-      api.call("allow_client_kind", { kind, per_minute: perMinute }, nothing),
+    allowClientKind: (
+      kind: string,
+      perMinute: number,
+      caps: { maxPerUser?: number; maxTotal?: number } = {},
+    ) =>
+      api.call(
+        "allow_client_kind",
+        {
+          kind,
+          per_minute: perMinute,
+          ...(caps.maxPerUser === undefined ? {} : { max_per_user: caps.maxPerUser }),
+          ...(caps.maxTotal === undefined ? {} : { max_total: caps.maxTotal }),
+        },
+        nothing,
+      ),
     /** Refuses new submissions of `kind` from the app; false when it was not open. */
     disallowClientKind: (kind: string) => api.call("disallow_client_kind", { kind }, boolean),
     /** The kinds open to signed-in users, each with its per-user rate a minute. */

@@ -89,6 +89,12 @@ export interface WorkerQueue {
     signal?: AbortSignal,
   ): Promise<FailOutcome>;
   /**
+   * Fails the job for good with an error its owner reads in `my_jobs` (a UserFacingError):
+   * the queue tells such an error by this call, never by its text. "failed", or null when
+   * the lease was lost.
+   */
+  failUserFacing(job: ClaimedJob, message: string, signal?: AbortSignal): Promise<FailOutcome>;
+  /**
    * Hands a running job back to the queue, due now, its attempt not counted (the worker is
    * stopping); false when its lease was lost.
    */
@@ -174,6 +180,8 @@ export function workerQueue(api: DataApi): WorkerQueue {
       api.call("complete", { ...lease(attempt), result }, boolean, signal),
     fail: (job, error, retryable, signal) =>
       api.call("fail", { ...lease(job), error, retryable }, failOutcome, signal),
+    failUserFacing: (job, message, signal) =>
+      api.call("fail_user_facing", { ...lease(job), message }, failOutcome, signal),
     release: (attempt, signal) => api.call("release", lease(attempt), boolean, signal),
     progress: (attempt, progress, signal) =>
       api.call("progress", { ...lease(attempt), progress }, boolean, signal),

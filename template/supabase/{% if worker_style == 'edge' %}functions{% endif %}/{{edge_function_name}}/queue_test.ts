@@ -338,6 +338,7 @@ Deno.test("the client-kind calls and the worker's owner calls", async () => {
     "rpc/allow_client_kind": undefined,
     "rpc/disallow_client_kind": true,
     "rpc/job_owners": [{ id: 4, owner }],
+    "rpc/fail_user_facing": "failed",
     "client_kinds?select=kind,per_minute&limit=1000": [{ kind: "export_data", per_minute: 10 }],
     "client_kinds?select=kind&limit=1000": [{ kind: "export_data" }],
   };
@@ -345,17 +346,26 @@ Deno.test("the client-kind calls and the worker's owner calls", async () => {
     (path) => answers[decodeURIComponent(path)],
     async (queue, got) => {
       await queue.allowClientKind("export_data", 10);
+      await queue.allowClientKind("export_data", 10, { maxPerUser: 5, maxTotal: 500 });
       assert.equal(await queue.disallowClientKind("export_data"), true);
       assert.deepEqual(await queue.allowedClientKinds(), [{ kind: "export_data", per_minute: 10 }]);
       assert.deepEqual(await queue.clientKinds(), ["export_data"]);
       assert.deepEqual(await queue.jobOwners([4, 5]), new Map([[4, owner]]));
+      const mine = { ...claimed, id: 4, lock_token: owner };
+      assert.equal(await queue.failUserFacing(mine, "too big"), "failed");
       const sent = got.map(({ method, path, body }) => [method, decodeURIComponent(path), body]);
       assert.deepEqual(sent, [
         ["POST", "rpc/allow_client_kind", { kind: "export_data", per_minute: 10 }],
+        [
+          "POST",
+          "rpc/allow_client_kind",
+          { kind: "export_data", per_minute: 10, max_per_user: 5, max_total: 500 },
+        ],
         ["POST", "rpc/disallow_client_kind", { kind: "export_data" }],
         ["GET", "client_kinds?select=kind,per_minute&limit=1000", null],
         ["GET", "client_kinds?select=kind&limit=1000", null],
         ["POST", "rpc/job_owners", { job_ids: [4, 5] }],
+        ["POST", "rpc/fail_user_facing", { job_id: 4, lock_token: owner, message: "too big" }],
       ]);
     },
   );

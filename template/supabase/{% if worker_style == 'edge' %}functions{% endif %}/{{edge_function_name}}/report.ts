@@ -144,18 +144,19 @@ export class Reporter {
     }
   }
 
-  /** fail()s the job: retried later, or dead-lettered when `error` is permanent. */
+  /**
+   * fail()s the job: retried later, or dead-lettered when `error` is permanent. A
+   * UserFacingError goes to failUserFacing(), which records its message for the job's owner.
+   */
   async fail(job: ClaimedJob, error: unknown): Promise<void> {
     const retryable = !(error instanceof PermanentError);
-    // The place a result was refused is the worker's, not the handler's: no stack. A
-    // UserFacingError is stored as `UserFacingError: <message>`, all its owner reads.
-    const stored = describe(
-      error,
-      !(error instanceof ResultError || error instanceof UserFacingError),
-    );
+    // The place a result was refused is the worker's, not the handler's: no stack.
+    const stored = describe(error, !(error instanceof ResultError));
     try {
       const signal = this.options.callSignal();
-      const status = await this.options.queue.fail(job, stored, retryable, signal);
+      const status = error instanceof UserFacingError
+        ? await this.options.queue.failUserFacing(job, error.message, signal)
+        : await this.options.queue.fail(job, stored, retryable, signal);
       if (status === "queued") this.counts.retried += 1;
       else if (status === "failed") this.counts.deadLettered += 1;
       else this.counts.stale += 1;
@@ -166,7 +167,8 @@ export class Reporter {
       });
     } catch (queueError) {
       this.counts.unreported += 1;
-      this.options.log({ event: "queue.error", call: "fail", error: describe(queueError) });
+      const call = error instanceof UserFacingError ? "fail_user_facing" : "fail";
+      this.options.log({ event: "queue.error", call, error: describe(queueError) });
     }
   }
 

@@ -185,6 +185,11 @@ export class MemoryQueue implements WorkerQueue {
     return Promise.resolve(job.status);
   }
 
+  /** fail_user_facing(): to the dead letters (the database keeps the message for the owner). */
+  failUserFacing(claimed: ClaimedJob, message: string): Promise<FailOutcome> {
+    return this.fail(claimed, `UserFacingError: ${message}`, false);
+  }
+
   /** complete_jobs()'s check: SQLSTATE 54000 for a result over the limit. */
   private checkSize({ job, result }: DoneJob): void {
     const bytes = result === null ? 0 : this.storedBytes(result);
