@@ -13,7 +13,7 @@ import type { DrainSummary } from "./worker.ts";
 const settings: Settings = {
   supabaseUrl: "http://127.0.0.1:54321",
   serviceKeys: ["service-key"],
-  wakeSecret: "whsec_d2FrZS1zZWNyZXQtb2YtdGhlLXRlc3Rz",
+  wakeSecret: `whsec_${btoa("wake-secret-of-the-tests")}`,
   schema: "pgqueue",
   batchSize: 10,
   maxJobsInFlight: 10,

@@ -4,7 +4,7 @@ import { loadSettings, SettingsError } from "./settings.ts";
 const base = {
   SUPABASE_URL: "http://127.0.0.1:54321",
   SUPABASE_SERVICE_ROLE_KEY: "service-role-jwt",
-  PGQUEUE_WAKE_SECRET: "whsec_d2FrZS1zZWNyZXQtb2YtdGhlLXRlc3Rz",
+  PGQUEUE_WAKE_SECRET: `whsec_${btoa("wake-secret-of-the-tests")}`,
 };
 
 function env(values: Record<string, string>) {
