@@ -25,12 +25,12 @@ from psycopg import sql
 from testkit.cluster import Cluster
 from testkit.hosted import start_hosted_cluster
 from testkit.project import (
+    RELEASES,
     REPO,
     VARIANTS,
     Variant,
     push_migrations,
     release_refs,
-    release_version,
     render,
     render_repo,
     supabase,
@@ -254,10 +254,8 @@ def test_a_project_of_1_1_0_had_the_door_open_and_its_update_closes_it(
     """Released with search_path = '', a project created at 1.1.0 ran the inserting role's code
     as its owner through the enqueuing trigger; `copier update` and the push of 1.2.0's step
     close that door in the same database."""
-    previous = release_refs()[-1]
-    project = render_repo(
-        history, tmp_path / "app", f"generated at {release_version(previous)}", vcs_ref=previous
-    )
+    released = dict(zip(RELEASES, release_refs(), strict=True))["1.1.0"]
+    project = render_repo(history, tmp_path / "app", "generated at 1.1.0", vcs_ref=released)
     cluster = start_supabase_like_cluster()
     try:
         push_migrations(project, cluster.url())
