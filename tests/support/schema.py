@@ -17,7 +17,8 @@ HEADER = re.compile(r"^-- Name: (.+?); Type: (.+?); Schema: (.*?); .*$", re.MULT
 
 def queue_schema(cluster: Cluster, schema: str) -> dict[str, str]:
     """{"FUNCTION backoff(integer)": its definition, ...} (an object of `<schema>_public`
-    named with its schema), and the cron jobs under "CRON"."""
+    named with its schema), the cron jobs under "CRON", and under "CONFIG" what the
+    configuration holds for the worker style and transport."""
     dump = subprocess.run(
         [
             PG_BIN / "pg_dump",
@@ -48,7 +49,11 @@ def queue_schema(cluster: Cluster, schema: str) -> dict[str, str]:
             " where jobname like %s order by jobname",
             (f"{schema}-%",),
         ).fetchall()
+        (config,) = conn.execute(f"select {schema}.configure()").fetchone()
     objects["CRON"] = repr(jobs)
+    # what the migrations seed from the worker style and transport (the other settings come
+    # from answers whose defaults changed between releases, which a project keeps)
+    objects["CONFIG"] = repr({k: config[k] for k in ("notify_listeners", "workers_poll")})
     return objects
 
 
