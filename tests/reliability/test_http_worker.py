@@ -75,7 +75,7 @@ def test_wake_refuses_bad_bearers_and_big_bodies_and_claims_nothing(
 
         time.sleep(0.5)
         untouched = job(db, job_id)
-        health = http.get(f"{worker.url}/health").json()
+        health = http.get(f"{worker.url}/health", headers=worker.health_headers).json()
         assert (untouched["status"], untouched["attempts"]) == ("queued", 0)
         assert (health["draining"], health["counts"]) == (False, {})
         assert not executions(audit_dir)
