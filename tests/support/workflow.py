@@ -59,9 +59,18 @@ def run_step(script: str, cwd: Path, env: dict[str, str]) -> subprocess.Complete
     )
 
 
+# What a project's settings are named: none of them may reach a step from our environment.
+PROJECT_SETTINGS = ("SUPABASE_", "PGQUEUE_", "WAKE_SECRET", "METRICS_TOKEN", "DASHBOARD_")
+STACK = ("API_URL", "DB_URL", "DATABASE_URL", "SERVICE_ROLE_KEY", "ANON_KEY", "JWT_SECRET")
+
+
 def runner_env(path: list[Path], **extra: str) -> dict[str, str]:
-    """What a CI runner's shell has that matters here: PATH (the given folders first), HOME and
-    the locale; no variable of our test stack and no WAKE_SECRET."""
-    kept = {k: os.environ[k] for k in ("HOME", "LANG", "LC_ALL", "TMPDIR") if k in os.environ}
+    """A CI runner's environment, as this machine's: the given folders first on PATH, and no
+    variable a project reads (no stack, no WAKE_SECRET) but those in `extra`."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(PROJECT_SETTINGS) and k not in STACK and not k.startswith("WORKER_")
+    }
     search = os.pathsep.join([*map(str, path), os.environ["PATH"]])
-    return {**kept, "PATH": search, **extra}
+    return {**env, "PATH": search, **extra}

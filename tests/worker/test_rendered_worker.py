@@ -69,6 +69,7 @@ def test_project_passes_ruff_mypy_and_its_own_tests(
         UV_OFFLINE="1",
         PYTEST_ADDOPTS="-p no:cacheprovider",
     )
+    assert "WAKE_SECRET" not in env
     for name in ("Install the worker", "Worker tests against the stack"):
         done = run_step(step(installed.path, "database", name), installed.path, env)
         assert done.returncode == 0, f"{name}:\n{done.stdout}\n{done.stderr}"
