@@ -49,11 +49,19 @@ def queue_schema(cluster: Cluster, schema: str) -> dict[str, str]:
             " where jobname like %s order by jobname",
             (f"{schema}-%",),
         ).fetchall()
-        (config,) = conn.execute(f"select {schema}.configure()").fetchone()
+        # (a release before 1.0.0 has no config table)
+        (has_config,) = conn.execute(
+            "select to_regclass(%s) is not null", (f"{schema}.config",)
+        ).fetchone()
+        config = None
+        if has_config:
+            (config,) = conn.execute(f"select to_jsonb(c) from {schema}.config as c").fetchone()
     objects["CRON"] = repr(jobs)
-    # what the migrations seed from the worker style and transport (the other settings come
-    # from answers whose defaults changed between releases, which a project keeps)
-    objects["CONFIG"] = repr({k: config[k] for k in ("notify_listeners", "workers_poll")})
+    if config is not None:
+        # what the migrations seed from the worker style and transport (the other settings
+        # come from answers whose defaults changed between releases, which a project keeps)
+        style = ("notify_listeners", "workers_poll")
+        objects["CONFIG"] = repr({k: config.get(k) for k in style})
     return objects
 
 
