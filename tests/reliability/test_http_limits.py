@@ -20,7 +20,8 @@ from tests.support.workers import wake_to
 from .conftest import HTTP, Fleet
 from .harness import figures
 
-SECRET = "wake-secret-of-the-slowloris-test-0123"
+# hex digits: also a secret Standard Webhooks can sign with (base64)
+SECRET = "5a0e1015" * 8
 # A slowloris connection gives up on its own after this long: the worker must close it first.
 GIVE_UP = 60.0
 
