@@ -124,7 +124,7 @@ Deno.test("the start-up errors tell the service key from the wake-up secret, and
   assert.throws(
     () => loadSettings(env(keyless)),
     (error: Error) =>
-      error.message.includes("takes as service_role") &&
+      error.message.includes("PGQUEUE_SERVICE_KEY") &&
       error.message.includes("wake-ups are checked with another secret, PGQUEUE_WAKE_SECRET") &&
       !error.message.includes("the key the database sends"),
   );
