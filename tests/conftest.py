@@ -136,17 +136,21 @@ def wake_secret() -> str:
 
 
 @pytest.fixture(scope="session")
-def stack_env(
-    stack: Cluster, postgrest: PostgRESTStandIn, service_role_key: str, wake_secret: str
-) -> dict:
-    """Our stack under the names `supabase status -o env` prints, which projects read, and the
-    wake-up secret (WAKE_SECRET) the HTTP worker checks."""
+def stack_env(stack: Cluster, postgrest: PostgRESTStandIn, service_role_key: str) -> dict:
+    """Our stack under the names `supabase status -o env` prints, which projects read, and
+    nothing else: a generated project's own tests and CI have only these (no WAKE_SECRET)."""
     return {
         "API_URL": postgrest.url,
         "SERVICE_ROLE_KEY": service_role_key,
         "DB_URL": stack.dsn(user="postgres"),
-        "WAKE_SECRET": wake_secret,
     }
+
+
+@pytest.fixture
+def worker_env(stack_env: dict, wake_secret: str) -> dict:
+    """What a deployed worker has: the stack, and the wake-up secret (WAKE_SECRET) the HTTP
+    worker checks, which its README has the user make before starting it."""
+    return {**stack_env, "WAKE_SECRET": wake_secret}
 
 
 @pytest.fixture

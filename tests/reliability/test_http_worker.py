@@ -118,7 +118,7 @@ def test_wake_takes_the_databases_wake_up_once_and_refuses_forgeries_and_big_bod
 
         time.sleep(0.5)
         untouched = job(db, job_id)
-        health = http.get(f"{worker.url}/health").json()
+        health = http.get(f"{worker.url}/health", headers=worker.health_headers).json()
         assert (untouched["status"], untouched["attempts"]) == ("queued", 0)
         assert (health["draining"], health["counts"]) == (False, {})
         assert not executions(audit_dir)

@@ -61,6 +61,52 @@ def test_health_says_where_the_url_and_secret_come_from_never_the_secret(
     assert all(KEY not in detail for _, detail in rows.values())
 
 
+POLLED = (
+    "jobs wait for the workers' idle poll (every WORKER_POLL_INTERVAL seconds: 5 by default, "
+    "30 with the postgres transport)"
+)
+NEVER_RUN = "no job runs (the Edge Function runs only when woken: it never polls)"
+
+
+def test_health_says_what_a_missing_url_or_secret_costs(
+    db: psycopg.Connection, config: dict
+) -> None:
+    """Workers that poll find jobs late without wake-ups; an Edge Function never runs them."""
+    assert config["workers_poll"] is True
+    rows = health(db)
+    assert f"no worker URL, so no HTTP wake-up is sent and {POLLED}: set " in rows["worker_url"][1]
+    assert rows["wake_secret"][1].startswith(
+        f"no wake-up secret, so no HTTP wake-up is sent and {POLLED}"
+    )
+    assert rows["wake_secret"][1].endswith("give the worker the same one (WAKE_SECRET)")
+
+    db.execute("""select pgqueue.configure('{"workers_poll": false}')""")
+    rows = health(db)
+    assert (
+        f"no worker URL, so no HTTP wake-up is sent and {NEVER_RUN}: set " in rows["worker_url"][1]
+    )
+    assert rows["wake_secret"][1].startswith(
+        f"no wake-up secret, so no HTTP wake-up is sent and {NEVER_RUN}"
+    )
+    assert rows["wake_secret"][1].endswith("give the worker the same one (PGQUEUE_WAKE_SECRET)")
+    assert "fine for a worker that polls" not in repr(rows)
+
+
+def test_an_edge_project_is_seeded_as_a_worker_that_never_polls(
+    template: Path, tmp_path: Path
+) -> None:
+    cluster = start_supabase_like_cluster()
+    try:
+        project = render(template, tmp_path / "app", worker_style="edge", worker_url="")
+        push_migrations(project, cluster.url())
+        with cluster.connect(autocommit=True) as db:
+            (config,) = db.execute("select pgqueue.configure()").fetchone()
+            assert config["workers_poll"] is False
+            assert NEVER_RUN in health(db)["wake_secret"][1]
+    finally:
+        cluster.destroy()
+
+
 def test_health_reports_failed_wake_ups(db: psycopg.Connection) -> None:
     point_wake_ups(db, "http://127.0.0.1:9/wake", KEY)  # nothing listens on port 9
     db.execute("select pgqueue.enqueue('health.probe')")

@@ -709,6 +709,8 @@ def test_configuration_is_seeded_from_the_answers(config: dict) -> None:
         "max_result_bytes": 65536,
         # the default answers' supabase transport: no worker LISTENs (the notify migration)
         "notify_listeners": False,
+        # the default answers' python style polls when idle (an Edge Function never does)
+        "workers_poll": True,
     }
 
 
@@ -759,6 +761,8 @@ def test_sweep_prunes_by_the_configured_retention(db: psycopg.Connection, config
         ({"service_key_setting": "key"}, psycopg.errors.InvalidParameterValue, "two lowercase"),
         ({"notify_listeners": "maybe"}, psycopg.errors.InvalidTextRepresentation, '"maybe"'),
         ({"notify_listeners": None}, psycopg.errors.InvalidParameterValue, "cannot be null"),
+        ({"workers_poll": "often"}, psycopg.errors.InvalidTextRepresentation, '"often"'),
+        ({"workers_poll": None}, psycopg.errors.InvalidParameterValue, "cannot be null"),
     ],
 )
 def test_configure_refuses_bad_settings_and_changes_nothing(

@@ -17,7 +17,8 @@ HEADER = re.compile(r"^-- Name: (.+?); Type: (.+?); Schema: (.*?); .*$", re.MULT
 
 def queue_schema(cluster: Cluster, schema: str) -> dict[str, str]:
     """{"FUNCTION backoff(integer)": its definition, ...} (an object of `<schema>_public`
-    named with its schema), and the cron jobs under "CRON"."""
+    named with its schema), the cron jobs under "CRON", and under "CONFIG" what the
+    configuration holds for the worker style and transport."""
     dump = subprocess.run(
         [
             PG_BIN / "pg_dump",
@@ -48,7 +49,19 @@ def queue_schema(cluster: Cluster, schema: str) -> dict[str, str]:
             " where jobname like %s order by jobname",
             (f"{schema}-%",),
         ).fetchall()
+        # (a release before 1.0.0 has no config table)
+        (has_config,) = conn.execute(
+            "select to_regclass(%s) is not null", (f"{schema}.config",)
+        ).fetchone()
+        config = None
+        if has_config:
+            (config,) = conn.execute(f"select to_jsonb(c) from {schema}.config as c").fetchone()
     objects["CRON"] = repr(jobs)
+    if config is not None:
+        # what the migrations seed from the worker style and transport (the other settings
+        # come from answers whose defaults changed between releases, which a project keeps)
+        style = ("notify_listeners", "workers_poll")
+        objects["CONFIG"] = repr({k: config.get(k) for k in style})
     return objects
 
 

@@ -112,6 +112,8 @@ class WorkerProcess:
         self, installed: Installed, env: dict[str, str], log: Path, src: Path | None = None
     ) -> None:
         self.port = int(env["PORT"]) if installed.http else None
+        # GET /health shows whether the worker is draining only to a bearer of WAKE_SECRET
+        self.health_headers = {"Authorization": f"Bearer {env.get('WAKE_SECRET', '')}"}
         self.log = log
         self._log_file = log.open("w")
         self.proc = subprocess.Popen(
@@ -140,7 +142,8 @@ class WorkerProcess:
             if self.port is None:
                 return bool(self.events("worker.start"))
             try:
-                return not httpx.get(f"{self.url}/health", timeout=1).json()["draining"]
+                health = httpx.get(f"{self.url}/health", headers=self.health_headers, timeout=1)
+                return not health.json()["draining"]
             except httpx.HTTPError:
                 return False
 

@@ -449,6 +449,8 @@ def expected_config(answers: dict) -> dict:
         # a NOTIFY only where workers LISTEN: the postgres transport's
         "notify_listeners": answers["worker_style"] != "edge"
         and answers.get("claim_transport") == "postgres",
+        # every worker but an Edge Function looks for jobs when no wake-up comes
+        "workers_poll": answers["worker_style"] != "edge",
     }
 
 

@@ -28,10 +28,10 @@ def installed(
 
 
 @pytest.fixture
-def workers(installed: Installed, stack_env: dict, tmp_path: Path) -> Iterator[Workers]:
+def workers(installed: Installed, worker_env: dict, tmp_path: Path) -> Iterator[Workers]:
     """Starts worker processes of the variant under test (quick polling, 4 jobs at once)."""
     env = {
-        **stack_env,
+        **worker_env,
         "WORKER_POLL_INTERVAL": "0.5",
         "WORKER_CONCURRENCY": "4",
         "WORKER_SHUTDOWN_GRACE": "10",

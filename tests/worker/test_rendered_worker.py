@@ -16,6 +16,7 @@ import pytest
 from testkit.project import PYTHON_VARIANTS, render, rendered_files, run, variant
 from tests.support.jobs import enqueue, job, wait_until
 from tests.support.workers import PACKAGE, SCRIPT, Installed, Workers, each_transport
+from tests.support.workflow import run_step, runner_env, step, supabase_status
 
 
 def test_only_the_variants_files_are_rendered(installed: Installed) -> None:
@@ -53,16 +54,26 @@ QUICK_PROJECTS = {variant("python", "postgres"), variant("python-http", "supabas
     ],
     indirect=True,
 )
-def test_project_passes_ruff_mypy_and_its_own_tests(installed: Installed, stack_env: dict) -> None:
+def test_project_passes_ruff_mypy_and_its_own_tests(
+    installed: Installed, stack_env: dict, tmp_path: Path
+) -> None:
+    """Its own tests run as its CI workflow runs them, the steps as written: with only what
+    `supabase status -o env` prints (no WAKE_SECRET: the python-http tests make their own)."""
     run([installed.bin("ruff"), "check", "."], cwd=installed.path)
     run([installed.bin("ruff"), "format", "--check", "."], cwd=installed.path)
     assert "Success: no issues found" in run([installed.bin("mypy")], cwd=installed.path)
-    out = run(
-        [installed.bin("pytest"), "-q", "-p", "no:cacheprovider"],
-        cwd=installed.path,
-        env=stack_env,
+    assert "WAKE_SECRET" not in stack_env
+    env = runner_env(
+        [supabase_status(tmp_path / "bin", stack_env)],
+        UV_PROJECT_ENVIRONMENT=str(installed.venv),  # where `installed` synced uv.lock
+        UV_OFFLINE="1",
+        PYTEST_ADDOPTS="-p no:cacheprovider",
     )
-    assert " passed" in out and "skipped" not in out, out
+    assert "WAKE_SECRET" not in env
+    for name in ("Install the worker", "Worker tests against the stack"):
+        done = run_step(step(installed.path, "database", name), installed.path, env)
+        assert done.returncode == 0, f"{name}:\n{done.stdout}\n{done.stderr}"
+    assert " passed" in done.stdout and "skipped" not in done.stdout, done.stdout
 
 
 # The one-shot commands are the same code in both styles: once per transport is enough.

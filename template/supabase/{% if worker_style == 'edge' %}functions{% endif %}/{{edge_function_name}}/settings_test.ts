@@ -126,6 +126,25 @@ Deno.test("the wake-up secret is required and never an API key", () => {
   assert.equal(loadSettings(env(base)).wakeSecret, base.PGQUEUE_WAKE_SECRET);
 });
 
+Deno.test("the start-up errors tell the service key from the wake-up secret, and where to set it", () => {
+  const { PGQUEUE_WAKE_SECRET: _, ...without } = base;
+  assert.throws(
+    () => loadSettings(env(without)),
+    (error: Error) =>
+      error.message.includes("checks the database's wake-ups") &&
+      error.message.includes("supabase secrets set PGQUEUE_WAKE_SECRET=") &&
+      error.message.includes("supabase functions serve --env-file"),
+  );
+  const { SUPABASE_SERVICE_ROLE_KEY: __, ...keyless } = base;
+  assert.throws(
+    () => loadSettings(env(keyless)),
+    (error: Error) =>
+      error.message.includes("PGQUEUE_SERVICE_KEY") &&
+      error.message.includes("wake-ups are checked with another secret, PGQUEUE_WAKE_SECRET") &&
+      !error.message.includes("the key the database sends"),
+  );
+});
+
 Deno.test("the wall-clock limit is the free plan's 150 s unless set, and bounds the budget", () => {
   const free = loadSettings(env(base));
   assert.equal(free.wallClockLimitMs, 150_000);
