@@ -43,7 +43,7 @@ def test_health_says_where_the_url_and_secret_come_from_never_the_secret(
     )
     assert rows["wake_secret"] == (
         True,
-        "wake-ups carry the secret from the database setting app.pgqueue_wake_secret",
+        "wake-ups are signed with the secret from the database setting app.pgqueue_wake_secret",
     )
 
     point_wake_ups(db, None, None)
@@ -56,7 +56,7 @@ def test_health_says_where_the_url_and_secret_come_from_never_the_secret(
     )
     assert rows["wake_secret"] == (
         True,
-        "wake-ups carry the secret from the Vault secret pgqueue_wake_secret",
+        "wake-ups are signed with the secret from the Vault secret pgqueue_wake_secret",
     )
     assert all(KEY not in detail for _, detail in rows.values())
 
@@ -139,3 +139,21 @@ def test_without_pg_net_the_migrations_apply_and_health_says_so(
             assert "wake_up_responses" not in rows
     finally:
         cluster.destroy()
+
+
+def test_health_says_when_wake_ups_cannot_be_signed(db: psycopg.Connection) -> None:
+    """pgcrypto signs the wake-ups, in the schema wake_signature() was written to call: moved
+    elsewhere (or dropped), no wake-up can be signed, and health() says so instead of ok."""
+    point_wake_ups(db, "http://127.0.0.1:9/wake", KEY)
+    (schema,) = db.execute(
+        "select extnamespace::regnamespace::text from pg_extension where extname = 'pgcrypto'"
+    ).fetchone()
+    db.execute("create schema moved_crypto; alter extension pgcrypto set schema moved_crypto")
+    try:
+        ok, detail = health(db)["wake_secret"]
+    finally:
+        db.execute(f"alter extension pgcrypto set schema {schema}; drop schema moved_crypto")
+    assert ok is False
+    assert detail.startswith("no wake-up is sent: wake-ups cannot be signed (")
+    assert "create extension pgcrypto with schema extensions" in detail
+    assert health(db)["wake_secret"][0] is True
