@@ -4,6 +4,7 @@ projects, run commands and the Supabase CLI in them."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -90,7 +91,12 @@ def snapshot_with_history(dest: Path) -> Path:
 # The template's releases, oldest first: version and commit. A release is also tagged v<version>
 # where the repo carries tags, but the tests read this list, so a clone without tags (or from
 # before them) tests every release the same (docs/maintainers/releases.md).
-RELEASES: dict[str, str] = {"0.1.0": "70dac05", "1.0.0": "da6d237", "1.1.0": "cad73d8"}
+RELEASES: dict[str, str] = {
+    "0.1.0": "70dac05",
+    "1.0.0": "da6d237",
+    "1.1.0": "cad73d8",
+    "1.2.0": "d63641b",
+}
 
 
 def release_refs(repo: Path = REPO) -> list[str]:
@@ -123,6 +129,25 @@ def release_version(ref: str) -> str:
     """The release a ref of release_refs() names (RELEASES, read backwards). It is what a
     project created from that release records as its queue baseline."""
     return {commit: version for version, commit in RELEASES.items()}[ref]
+
+
+def current_baseline() -> str:
+    """The release whose baseline a new project gets at HEAD: the newest of the baseline
+    migrations in template/ (each named with a condition on `queue_baseline`). While a release
+    is being made it is newer than every one of RELEASES; once cut, it is the newest of them."""
+    found = re.findall(
+        r"queue_baseline == '(\d+\.\d+\.\d+)'",
+        "\n".join(p.name for p in (REPO / "template/supabase/migrations").iterdir()),
+    )
+    return max(found, key=lambda v: tuple(map(int, v.split("."))))
+
+
+def previous_release() -> str:
+    """The commit of the newest release older than HEAD's baseline: the release whose projects
+    take the current release's step (1.1.0's, for 1.2.0's step)."""
+    current = tuple(map(int, current_baseline().split(".")))
+    older = [v for v in RELEASES if tuple(map(int, v.split("."))) < current]
+    return dict(zip(RELEASES, release_refs(), strict=True))[older[-1]]
 
 
 def questions() -> dict:

@@ -51,6 +51,7 @@ from testkit.cluster import Cluster
 from testkit.hosted import start_hosted_cluster
 from testkit.project import (
     SUPABASE_CLI,
+    previous_release,
     push_migrations,
     release_refs,
     release_version,
@@ -404,12 +405,13 @@ CLAIM_BATCH = 25
 def test_claimers_of_the_previous_release_keep_claiming_through_the_step(
     history: Path, tmp_path: Path
 ) -> None:
-    """The current release's step alters the functions the previous release's claimers call
+    """The current release's step (from the release before it, previous_release(), so also once
+    the current release is cut) alters the functions the previous release's claimers call
     (the job table is not locked: no worker waits on the push). Four connections loop the
     previous release's complete_and_claim() over jobs stored as rows, which a producer keeps
     enqueuing, while `copier update` and `supabase db push` run on a hosted-shaped cluster:
     the push succeeds, no call fails, and every job is completed exactly once."""
-    previous = release_refs()[-1]
+    previous = previous_release()
     project = render_repo(
         history,
         tmp_path / "app",
