@@ -237,12 +237,10 @@ def test_the_step_from_1_1_0_warns_when_the_secret_is_not_base64(
     assert "upgrading.md#from-110-to-120" in warning
 
 
-@pytest.mark.parametrize(
-    "secret", ["wake-secret-for-tests-not-a-real-one", "0123456789abcdefa", "whsec_"]
-)
-def test_a_secret_that_is_not_base64_is_never_used_and_health_says_what_to_do(
+def refused_enqueue(
     db: psycopg.Connection, stack: Cluster, sink: HttpSink, secret: str
-) -> None:
+) -> list[str]:
+    """With `secret` as the wake-up secret, an enqueue that sends no wake-up: its notices."""
     point_wake_ups(db, sink.url, secret)
     notices: list[str] = []
     with stack.connect(autocommit=True) as conn:
@@ -250,6 +248,16 @@ def test_a_secret_that_is_not_base64_is_never_used_and_health_says_what_to_do(
         conn.execute("select pgqueue.enqueue('probe')")
     wait_for_pg_net(db)
     assert sink.requests == []
+    return notices
+
+
+@pytest.mark.parametrize(
+    "secret", ["wake-secret-for-tests-not-a-real-one", "0123456789abcdefa", "whsec_"]
+)
+def test_a_secret_that_is_not_base64_is_never_used_and_health_says_what_to_do(
+    db: psycopg.Connection, stack: Cluster, sink: HttpSink, secret: str
+) -> None:
+    notices = refused_enqueue(db, stack, sink, secret)
     assert any("wake-up not sent" in n and "is not base64" in n for n in notices), notices
     assert not any(secret in n for n in notices if secret != "whsec_")
     ok, detail = {c: (o, d) for c, o, d in db.execute("select * from pgqueue.health()")}[
@@ -356,13 +364,7 @@ def test_a_supabase_api_key_is_never_sent_as_the_wake_up_secret(
 ) -> None:
     """The secret wake-ups are signed with must be one that only wakes the worker, never a
     key that opens the Data API."""
-    point_wake_ups(db, sink.url, api_key)
-    notices: list[str] = []
-    with stack.connect(autocommit=True) as conn:
-        conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
-        conn.execute("select pgqueue.enqueue('probe')")
-    wait_for_pg_net(db)
-    assert sink.requests == []
+    notices = refused_enqueue(db, stack, sink, api_key)
     assert any("wake-up not sent" in n and "is a Supabase API key" in n for n in notices), notices
     assert not any(api_key in n for n in notices)
     ok, detail = dict(
