@@ -651,3 +651,38 @@ def test_answers_that_cannot_change_on_update_are_refused(
     )[0]
     headings = re.findall(r"^#+ (.+)$", (REPO / page).read_text(), re.M)
     assert section in {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-") for h in headings}
+
+
+def test_a_project_made_after_the_newest_release_is_refused_a_downgrade_and_told_apart(
+    releases: Path, tmp_path: Path
+) -> None:
+    """docs/upgrading.md: a copy of a commit after the newest release is ahead of it, so
+    `copier update --defaults` (the newest tag) is refused as a downgrade, changing nothing;
+    `--vcs-ref HEAD` updates it."""
+    readme = releases / "template/README.md.jinja"
+    readme.write_text(readme.read_text() + "\nA line after release 1.1.0.\n")
+    commit_everything(releases, "after 1.1.0")
+    copy = copier_cli(
+        "copy", "--trust", "--defaults", releases, "app", "--vcs-ref", "HEAD", cwd=tmp_path
+    )
+    project = tmp_path / "app"
+    assert "Copying from template version 1.1.0.post1.dev0+" in copy.stderr, copy.stderr
+    run(["git", "init", "-q", "-b", "main"], cwd=project)
+    commit_everything(project, "generated")
+    answers = (project / ".copier-answers.yml").read_text()
+
+    refused = subprocess.run(
+        [sys.executable, "-m", "copier", "update", "--trust", "--defaults"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    assert refused.returncode != 0
+    assert "You are downgrading from 1.1.0.post1.dev0+" in refused.stderr, refused.stderr
+    assert "to 1.1.0. Downgrades are not supported." in refused.stderr, refused.stderr
+    assert (project / ".copier-answers.yml").read_text() == answers
+    assert run(["git", "status", "--porcelain"], cwd=project) == ""
+
+    copier_cli("update", "--trust", "--defaults", "--vcs-ref", "HEAD", cwd=project)
+    assert "A line after release 1.1.0." in (project / "README.md").read_text()
