@@ -32,20 +32,13 @@ async def report_failure(
     """Record a failed attempt of `job` (its handler started at `started`, a time.monotonic()
     reading) with `error`; counted retried, dead, or lost when its token was stale. With
     `shown`, the job fails for good and `shown` is the message its owner reads in my_jobs."""
-    status: str | None
-    if shown is not None:
-        message = shown
-        status = await report(
-            lambda: queue.fail_user_facing(job.id, job.lock_token, message),
-            give_up_after=lease_seconds,
-            outage=outage,
-        )
-    else:
-        status = await report(
-            lambda: queue.fail(job, error, retryable=retryable),
-            give_up_after=lease_seconds,
-            outage=outage,
-        )
+
+    async def fail() -> str | None:
+        if shown is not None:
+            return await queue.fail_user_facing(job.id, job.lock_token, shown)
+        return await queue.fail(job, error, retryable=retryable)
+
+    status = await report(fail, give_up_after=lease_seconds, outage=outage)
     outcome: Outcome = "retried" if status == "queued" else "dead" if status == "failed" else "lost"
     metrics.finished([job], outcome)
     log.log(
