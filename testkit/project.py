@@ -142,6 +142,22 @@ def current_baseline() -> str:
     return max(found, key=lambda v: tuple(map(int, v.split("."))))
 
 
+def baseline_migrations(release: str | None = None) -> list[str]:
+    """The queue migrations a project created at `release` (the current baseline by default)
+    starts from, as rendered, in the order they apply: one file up to 1.2.0, a few topic files
+    from 1.3.0 on."""
+    release = release or current_baseline()
+    condition = re.compile(
+        r"^\{% if queue_baseline == '(?P<release>[\d.]+)' %\}(?P<name>.+)\{% endif %\}\.jinja$"
+    )
+    found = [
+        m
+        for p in (REPO / "template/supabase/migrations").iterdir()
+        if (m := condition.match(p.name))
+    ]
+    return sorted(m["name"] for m in found if m["release"] == release)
+
+
 def previous_release() -> str:
     """The commit of the newest release older than HEAD's baseline: the release whose projects
     take the current release's step (1.1.0's, for 1.2.0's step)."""

@@ -21,7 +21,9 @@ from testkit.project import (
     REPO,
     VARIANTS,
     Variant,
+    baseline_migrations,
     choices,
+    current_baseline,
     questions,
     record_prompts,
     render,
@@ -206,8 +208,8 @@ def test_every_variant_renders_cleanly(template: Path, tmp_path: Path, variant: 
     migrations = sorted((project / "supabase/migrations").glob("*.sql"))
     stamps = [m.name[:14] for m in migrations]
     assert all(s.isdigit() and m.name[14] == "_" for s, m in zip(stamps, migrations, strict=True))
-    assert len(stamps) == 1, "a new project's queue starts from one baseline migration"
-    assert recorded["_queue_baseline"] == "1.2.0"
+    assert [m.name for m in migrations] == baseline_migrations(), "the baseline, in order"
+    assert recorded["_queue_baseline"] == current_baseline()
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=str)
@@ -443,7 +445,7 @@ def test_the_databases_messages_name_the_templates_pages_by_url(
 ) -> None:
     """docs/ is the template repo's, not the project's: a notice or error of the queue's
     migrations and functions that points there gives the full URL."""
-    for baseline in ("0.1.0", "1.0.0", "1.1.0", "1.2.0"):
+    for baseline in ("0.1.0", "1.0.0", "1.1.0", "1.2.0", "1.3.0"):
         project = render(template, tmp_path / baseline, queue_baseline=baseline)
         for migration in (project / "supabase/migrations").glob("*.sql"):
             code = re.sub(r"--[^\n]*", "", migration.read_text())

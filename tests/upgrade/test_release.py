@@ -1,6 +1,7 @@
-"""The current release's queue: a new project starts from one baseline migration in which every
-table, view and function is defined once, and a project created at any earlier release that
-`copier update`s to it with live jobs ends with the same schema (docs/maintainers/releases.md)."""
+"""The current release's queue: a new project starts from its baseline migrations (from 1.3.0 a
+few topic files in reading order) in which every table, view and function is defined once, and
+a project created at any earlier release that `copier update`s to it with live jobs ends with
+the same schema (docs/maintainers/releases.md)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,12 @@ from tests.support.releases import RELEASE_ANSWERS, fill_queue
 from tests.support.schema import differences, queue_schema
 
 MIGRATIONS = "supabase/migrations"
-BASELINE = "20261208000000_pgqueue_1_2_0.sql"
+# a new project's migrations: 1.3.0's baseline, by topic, in the order they apply
+BASELINE_TOPICS = ["tables", "enqueue", "claim", "failure", "flow_control", "jobs_and_results",
+                   "observability", "configuration", "client_jobs"]  # fmt: skip
+BASELINE = [
+    f"2026120900000{i}_pgqueue_1_3_0_{topic}.sql" for i, topic in enumerate(BASELINE_TOPICS, 1)
+]
 # `create [or replace] <kind> [if not exists] <schema>.<name>`, and `create trigger <name>`
 DEFINITION = re.compile(
     r"^create (?:or replace )?(function|view|table|type|sequence|(?:unique )?index|trigger)"
@@ -66,9 +72,14 @@ MAX_CLIENT_LINES = 350 + 110 + 30 + 30 + 30
 BASELINES = {
     "1.0.0": "20261206000000_pgqueue_1_0_0.sql",
     "1.1.0": "20261207000000_pgqueue_1_1_0.sql",
-    "1.2.0": BASELINE,
+    "1.2.0": "20261208000000_pgqueue_1_2_0.sql",
 }
 CLIENT_SECTION = "-- == Jobs of signed-in users"
+
+
+def baseline_sql(project: Path) -> str:
+    """A new project's queue migrations, one text, in the order they apply."""
+    return "\n".join((project / MIGRATIONS / name).read_text() for name in BASELINE)
 
 
 def definitions(sql: str) -> Counter[str]:
@@ -87,8 +98,8 @@ def test_a_new_project_defines_each_queue_object_once(
 ) -> None:
     project = render(template, tmp_path / "app", **variant.answers)
     migrations = sorted(p.name for p in (project / MIGRATIONS).iterdir())
-    assert migrations == [BASELINE]
-    counts = definitions((project / MIGRATIONS / BASELINE).read_text())
+    assert migrations == BASELINE
+    counts = definitions(baseline_sql(project))
     assert {name: n for name, n in counts.items() if n > 1} == {}
     # what the count reads: every kind of object, the hot path among them
     assert {"table pgqueue.jobs", "function pgqueue.complete_and_claim", "view pgqueue.stats",
@@ -100,8 +111,8 @@ def test_a_new_project_defines_each_queue_object_once(
     # caller_id(), quoted(), end_client_jobs(), take_client_token(), check_client_caps(),
     # fail_user_facing(); less caller_jobs()
     assert len([n for n in counts if n.startswith("function ")]) == 68 + 1 + 6 - 1
-    assert long_functions((project / MIGRATIONS / BASELINE).read_text()) == {}
-    client = (project / MIGRATIONS / BASELINE).read_text().split(CLIENT_SECTION)[1]
+    assert long_functions(baseline_sql(project)) == {}
+    client = (project / MIGRATIONS / BASELINE[-1]).read_text().split(CLIENT_SECTION)[1]
     assert len(client.splitlines()) <= MAX_CLIENT_LINES
 
 
@@ -189,7 +200,7 @@ def test_the_schema_comparison_names_a_function_changed_on_one_side(
 ) -> None:
     fresh = fresh_schema(history, tmp_path, {})
     project = render(history, tmp_path / "changed", vcs_ref="HEAD")
-    baseline = project / MIGRATIONS / BASELINE
+    baseline = project / MIGRATIONS / BASELINE[BASELINE_TOPICS.index("failure")]
     text = baseline.read_text()
     # backoff()'s base delay, 5 s, becomes 6 s on this side only
     changed = text.replace("5 * power(2,", "6 * power(2,", 1)

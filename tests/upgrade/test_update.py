@@ -25,7 +25,9 @@ from testkit.hosted import start_hosted_cluster
 from testkit.project import (
     COPIER_LOCK,
     REPO,
+    baseline_migrations,
     commit_everything,
+    current_baseline,
     push_migrations,
     record_prompts,
     release_refs,
@@ -40,14 +42,15 @@ from testkit.project import (
 )
 from tests.support.releases import EMAIL, RELEASE_ANSWERS, fill_queue
 
-# The migration a new project's queue starts from (each table, view and function once).
-BASELINE = "20261208000000_pgqueue_1_2_0.sql"
+# The migrations a new project's queue starts from (each table, view and function once).
+BASELINE = baseline_migrations()
 # What a project created at 0.1.0 gets instead: one step per release since, from 0.1.0's queue
-# to 1.0.0's, from 1.0.0's to 1.1.0's, and from 1.1.0's to 1.2.0's.
+# to 1.0.0's, from 1.0.0's to 1.1.0's, from 1.1.0's to 1.2.0's and from 1.2.0's to 1.3.0's.
 STEPS = {
     "20261206000000_pgqueue_1_0_0_from_0_1_0.sql",
     "20261207000000_pgqueue_1_1_0_client_jobs.sql",
     "20261208000000_pgqueue_1_2_0_security.sql",
+    "20261209000000_pgqueue_1_3_0_readable.sql",
 }
 MIGRATIONS = "template/supabase/migrations"
 
@@ -109,7 +112,7 @@ def test_copy_is_refused_without_trust_and_works_without_tasks(
         copier.run_copy(
             str(template), str(tmp_path / "app"), defaults=True, vcs_ref="HEAD", skip_tasks=True
         )
-    assert (tmp_path / "app" / "supabase/migrations" / BASELINE).exists()
+    assert all((tmp_path / "app" / "supabase/migrations" / name).exists() for name in BASELINE)
 
 
 @pytest.fixture
@@ -180,11 +183,14 @@ def test_update_keeps_user_edits_and_jobs_and_applies_the_new_migration(
         assert "# release 1.1.0 was here" in (project / "supabase/config.toml").read_text()
         # the release's one migration added to the baseline the project started from
         assert sorted(p.name for p in (project / "supabase/migrations").iterdir()) == [
-            BASELINE,
+            *BASELINE,
             "20261215000000_orders.sql",
             "20270101000000_pgqueue_job_region.sql",
         ]
-        assert "_queue_baseline: 1.2.0" in (project / ".copier-answers.yml").read_text()
+        assert (
+            f"_queue_baseline: {current_baseline()}"
+            in (project / ".copier-answers.yml").read_text()
+        )
         assert "_commit: v1.1.0" in (project / ".copier-answers.yml").read_text()
 
         supabase(project, "migration", "up", "--db-url", cluster.url())
