@@ -255,6 +255,10 @@ def test_sweeps_and_keyed_claims_never_deadlock_and_lose_nothing(
         thread.join(60)
         assert not thread.is_alive()
 
+    print(
+        f"[sweeps beside keyed claims] {swept['sweeps']} sweeps, {swept['rescued']} rescued,"
+        f" {len(completed)} done, {len(errors)} calls failed"
+    )
     deadlocks = [e for e in errors if ": 40P01 " in e]
     assert not deadlocks, f"{len(deadlocks)} deadlocks: {deadlocks[:3]}"
     assert not errors
