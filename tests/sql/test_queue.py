@@ -700,7 +700,7 @@ CALLED_PER_JOB_OR_REQUEST = [
     "runnable_jobs", "keyed_candidates", "claim_allowance", "take_tokens", "complete",
     "complete_many", "complete_jobs", "end_attempts", "heartbeat", "heartbeat_many",
     "is_running", "progress", "fail", "backoff", "release", "cancel", "job", "_end_attempt",
-    "_unqueue", "_unbatch", "_requeue", "_to_history", "_after_failure",
+    "_unqueue", "_unbatch", "_requeue", "_to_history",
 ]  # fmt: skip
 
 
