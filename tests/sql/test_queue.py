@@ -301,9 +301,7 @@ def test_stale_token_is_refused_after_the_sweeper_rescues_the_job(db: psycopg.Co
     rescued_job = job(db, job_id)
     assert rescued_job["status"] == "queued"
     assert "lease expired" in rescued_job["last_error"]
-    assert rescued_job["run_after"] > rescued_job["created_at"]
 
-    db.execute("update pgqueue.jobs set run_after = now() where id = %s", (job_id,))
     (new,) = claim(db)
     assert new["lock_token"] != old["lock_token"] and new["attempts"] == 2
     token = old["lock_token"]
@@ -317,6 +315,33 @@ def test_stale_token_is_refused_after_the_sweeper_rescues_the_job(db: psycopg.Co
     assert db.execute(
         "select pgqueue.complete(%s, %s)", (job_id, new["lock_token"])
     ).fetchone() == (True,)
+
+
+@pytest.mark.parametrize("stored", [AS_ROWS, {}], ids=["rows", "batch"])
+def test_a_rescued_job_keeps_its_place_in_the_queue(
+    db: psycopg.Connection, stack: Cluster, stored: dict
+) -> None:
+    """A job whose worker died goes back where it was in claim order (its run_after and id,
+    its attempt counted), not behind the backlog (issue 48: a rescued job ran 71 s after its
+    worker died): the next claim, another worker's, takes it first within its priority."""
+    first, *backlog = enqueue_n(db, 20, **stored)
+    due = job(db, first)["run_after"]
+    (claimed,) = claim(db)
+    assert claimed["id"] == first
+    later = enqueue_n(db, 5, **AS_ROWS)
+    (urgent,) = db.execute("select pgqueue.enqueue('test.noop', priority => 1)").fetchone()
+    expire_lease(db, first)
+    assert db.execute("select rescued from pgqueue.sweep()").fetchone() == (1,)
+
+    with stack.connect(autocommit=True) as other:
+        assert [j["id"] for j in claim(other, 3)] == [urgent, first, backlog[0]]
+    again = job(db, first)
+    assert (again["status"], again["attempts"], again["run_after"]) == ("running", 2, due)
+    queued = len(backlog) - 1 + len(later)
+    assert db.execute(
+        "select (select count(*) from pgqueue.live_jobs where status = 'queued'),"
+        " (select sum(jobs) from pgqueue.queued_counts)"
+    ).fetchone() == (queued, queued)
 
 
 def test_sweeper_dead_letters_an_expired_job_with_no_attempts_left(
@@ -674,7 +699,8 @@ CALLED_PER_JOB_OR_REQUEST = [
     "jobs_wake_workers", "notify_workers", "wake", "claim", "complete_and_claim",
     "runnable_jobs", "keyed_candidates", "claim_allowance", "take_tokens", "complete",
     "complete_many", "complete_jobs", "end_attempts", "heartbeat", "heartbeat_many",
-    "is_running", "progress", "fail", "backoff", "release", "cancel", "job",
+    "is_running", "progress", "fail", "backoff", "release", "cancel", "job", "_end_attempt",
+    "_unqueue", "_unbatch", "_requeue", "_to_history",
 ]  # fmt: skip
 
 

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from testkit.cluster import Cluster
+from tests.sql.test_hot_path import complete_and_claim
 
 
 def running_job(db: psycopg.Connection, max_attempts: int = 5) -> tuple[int, str]:
@@ -172,3 +175,105 @@ def test_a_late_call_after_the_job_was_claimed_again_is_still_refused(
     ).fetchone()[0]
     assert status is None
     assert where_is(db, job_id) == ("running", 2)
+
+
+def test_sweeps_and_keyed_claims_never_deadlock_and_lose_nothing(
+    flow: psycopg.Connection, stack: Cluster
+) -> None:
+    """Workers drain keyed jobs (12 keys, limit 2) through complete_and_claim() while another
+    connection sweeps every 0.2 s for 20 s, and a worker that dies now and then leaves claims
+    whose 1 s lease the sweeps rescue. The claims delete the stale running_keys rows of each key
+    they visit, the sweep those of every key: neither may wait on the other in a cycle (issue
+    48: 4 deadlocks in 60 s, each rolling back a sweep's rescues). Nothing is lost or done
+    twice, and the counters and counts agree with what the sweeps returned."""
+    db = flow
+    keys = [f"tenant-{i}" for i in range(12)]
+    for key in keys:
+        db.execute("select pgqueue.set_concurrency_limit(%s, 2)", (key,))
+    jobs = [
+        {"kind": "k", "concurrency_key": keys[i % 12], "payload": {"n": i}, "max_attempts": 100}
+        for i in range(60_000)
+    ]
+    ids = [r[0] for r in db.execute("select pgqueue.enqueue_many(%s)", (Jsonb(jobs),))]
+    (rescues_before,) = db.execute(
+        "select value from pgqueue.counters where name = 'lease_rescues'"
+    ).fetchone()
+
+    errors: list[str] = []  # "who: SQLSTATE message" of every call that failed
+    completed: Counter[int] = Counter()
+    swept = Counter[str]()
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def failed(who: str, exc: psycopg.Error) -> None:
+        with lock:
+            errors.append(f"{who}: {exc.sqlstate} {exc}")
+
+    def worker(name: str) -> None:
+        with stack.connect(autocommit=True) as conn:
+            batch: list[dict] = []
+            while True:
+                try:
+                    nxt = complete_and_claim(conn, batch, max_jobs=0 if stop.is_set() else 10)
+                except psycopg.Error as exc:
+                    failed(name, exc)
+                    continue  # nothing of the call happened: complete the same batch again
+                with lock:
+                    completed.update(j["id"] for j in batch)
+                batch = nxt
+                if stop.is_set():
+                    return
+
+    def dying_worker() -> None:
+        with stack.connect(autocommit=True) as conn:
+            while not stop.wait(0.5):
+                try:
+                    complete_and_claim(conn, max_jobs=4, lease_seconds=1)
+                except psycopg.Error as exc:
+                    failed("dying worker", exc)
+
+    def sweeper() -> None:
+        with stack.connect(autocommit=True) as conn:
+            while not stop.wait(0.2):
+                try:
+                    rescued, dead = conn.execute(
+                        "select rescued, dead_lettered from pgqueue.sweep()"
+                    ).fetchone()
+                except psycopg.Error as exc:
+                    failed("sweep", exc)
+                    continue
+                with lock:
+                    swept.update(rescued=rescued, dead_lettered=dead, sweeps=1)
+
+    threads = [threading.Thread(target=worker, args=(f"worker {i}",)) for i in range(4)]
+    threads += [threading.Thread(target=dying_worker), threading.Thread(target=sweeper)]
+    for thread in threads:
+        thread.start()
+    time.sleep(20)
+    stop.set()
+    for thread in threads:
+        thread.join(60)
+        assert not thread.is_alive()
+
+    print(
+        f"[sweeps beside keyed claims] {swept['sweeps']} sweeps, {swept['rescued']} rescued,"
+        f" {len(completed)} done, {len(errors)} calls failed"
+    )
+    deadlocks = [e for e in errors if ": 40P01 " in e]
+    assert not deadlocks, f"{len(deadlocks)} deadlocks: {deadlocks[:3]}"
+    assert not errors
+    assert swept["sweeps"] >= 20 and swept["rescued"] > 0, "the sweeps ran, and rescued jobs"
+    assert completed and set(completed.values()) == {1}, "no job done twice"
+    # What the dying worker still holds goes back too; then every job is done or queued, once.
+    db.execute("update pgqueue.claims set locked_until = now() - interval '1 second'")
+    (rescued,) = db.execute("select rescued from pgqueue.sweep()").fetchone()
+    swept.update(rescued=rescued)
+    where = dict(db.execute("select id, status from pgqueue.all_jobs").fetchall())
+    assert sorted(where) == sorted(ids), "no job lost"
+    assert {i for i, status in where.items() if status == "done"} == set(completed)
+    assert set(where.values()) == {"done", "queued"}
+    (rescues_after,) = db.execute(
+        "select value from pgqueue.counters where name = 'lease_rescues'"
+    ).fetchone()
+    assert rescues_after - rescues_before == swept["rescued"]
+    assert_queued_counts_match(db, len(ids) - len(completed))
