@@ -10,8 +10,10 @@ a release later used for other text (`..._pgqueue_1_1_0.sql` at 202d53d lacks `c
 old text, and the queue silently misses what changed after that commit.
 
 So, when the answers file has ever recorded a `_commit` that is not one of RELEASES, this
-renders the release being updated to with the project's answers and compares each queue
-migration the project has with the same file there. Equal: nothing to do, nothing printed.
+renders the release being updated to and compares each queue migration the project has with
+the same file there, rendered with the answers it was rendered with (those of the commit that
+added it to the project: an answer changed since reaches the database through a configuration
+migration, not through that file). Equal: nothing to do, nothing printed.
 Different: where the difference is only in what can be replaced in place (functions, views,
 comments and grants redefined, sequences and indexes added), it writes a repair migration
 that applies the release's definitions with `create or replace` and `if not exists`, so it
@@ -314,31 +316,59 @@ def refusal(
         *(f"       {MARKER}{json.dumps({name: digest_of(name)})}"
           for name in sorted({p.split(":")[0] for p in problems})),
         "     commit, and run `copier update` again.",
+        *(f"  4. that update deletes {MIGRATIONS / name}, which {release} does not have: put "
+          f"it back (git checkout HEAD -- {MIGRATIONS / name}) before you commit the update."
+          for name in sorted({p.split(":")[0] for p in problems}) if name not in released),
         f"See {DOCS}",
     ])  # fmt: skip
+
+
+def answers_for(migration: Path, answers_file: Path) -> dict:
+    """The answers `migration` was rendered with: the answers file of the commit that added it
+    to the project (a later answer, such as a lease changed on update, reaches the database
+    through a configuration migration, never through that file), else the answers file now."""
+    import yaml  # Copier's own dependency
+
+    added = (git("log", "--diff-filter=A", "--format=%H", "--", str(migration)) or "").split()
+    text = git("show", f"{added[-1]}:./{answers_file}") if added else None
+    recorded = yaml.safe_load(text or answers_file.read_text(encoding="utf-8"))
+    answers = {k: v for k, v in recorded.items() if not k.startswith("_")}
+    return answers | {"queue_baseline": recorded.get("_queue_baseline", "0.1.0")}
+
+
+def released_texts(
+    template: Path, target: str, have: dict[str, str], answers_file: Path, scratch: Path
+) -> dict[str, str]:
+    """{file: text} of each of the project's queue migrations that `target` renders, rendered
+    with the answers that file was rendered with (one render for each set of answers)."""
+    renders: dict[str, dict[str, str]] = {}
+    released = {}
+    for name in have:
+        answers = answers_for(MIGRATIONS / name, answers_file)
+        key = json.dumps(answers, sort_keys=True)
+        if key not in renders:
+            rendered = render_release(template, target, answers, scratch / str(len(renders)))
+            renders[key] = {p.name: p.read_text(encoding="utf-8") for p in rendered.glob("*.sql")}
+        if name in renders[key]:
+            released[name] = renders[key][name]
+    return released
 
 
 def main(template: Path, target: str, answers_file: Path) -> int:
     commits = unreleased(template, recorded_commits(answers_file))
     if not commits:
         return 0
-    import yaml  # Copier's own dependency
-
-    recorded = yaml.safe_load(answers_file.read_text(encoding="utf-8"))
-    answers = {k: v for k, v in recorded.items() if not k.startswith("_")}
-    answers["queue_baseline"] = recorded.get("_queue_baseline", "0.1.0")
-    with tempfile.TemporaryDirectory() as scratch:
-        try:
-            rendered = render_release(template, target, answers, Path(scratch) / "release")
-        except Exception as error:  # the update itself then says what is wrong, in full
-            print(f"pgqueue-template: could not check {MIGRATIONS}: {error}", file=sys.stderr)
-            return 0
-        released = {p.name: p.read_text(encoding="utf-8") for p in rendered.glob("*.sql")}
     have = {
         p.name: p.read_text(encoding="utf-8")
         for p in MIGRATIONS.glob("*.sql")
         if QUEUE_FILE.match(p.name)
     }
+    with tempfile.TemporaryDirectory() as scratch:
+        try:
+            released = released_texts(template, target, have, answers_file, Path(scratch))
+        except Exception as error:  # the update itself then says what is wrong, in full
+            print(f"pgqueue-template: could not check {MIGRATIONS}: {error}", file=sys.stderr)
+            return 0
     tag = git("describe", "--tags", "--exact-match", target, cwd=template) or ""
     ref = tag if re.fullmatch(r"v\d+(\.\d+)*", tag) else target[:7]
     release = f"release {ref[1:]}" if ref == tag else f"commit {ref}"

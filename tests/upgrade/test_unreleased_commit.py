@@ -27,7 +27,7 @@ from testkit.project import (
     snapshot_with_history,
     supabase,
 )
-from tests.support.releases import fill_queue
+from tests.support.releases import RELEASE_ANSWERS, fill_queue
 from tests.support.schema import differences, queue_schema
 
 MIGRATIONS = "supabase/migrations"
@@ -37,7 +37,7 @@ DEVELOPMENT_COMMIT = "202d53d"
 STALE = "20261207000000_pgqueue_1_1_0.sql"
 REPAIR = "20261207000001_pgqueue_repair.sql"
 # what 1.1.0 added after that commit, which its workers call or the claim reads
-ADDED_AFTER = ("pgqueue.checkout(text)", "pgqueue.take_rows(text,text,integer,text[],integer)")
+ADDED_AFTER = ("checkout(text)", "take_rows(text,text,integer,text[],integer)")
 
 spec = importlib.util.spec_from_file_location(
     "unreleased_migrations",
@@ -81,51 +81,65 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return repo
 
 
-def copy_at(template: Path, ref: str, dest: Path) -> Path:
-    copier("copy", "--trust", "--defaults", "--vcs-ref", ref, template, dest, cwd=dest.parent)
+def copy_at(template: Path, ref: str, dest: Path, **answers: object) -> Path:
+    data = [arg for k, v in answers.items() for arg in ("-d", f"{k}={v}")]
+    copier(
+        "copy", "--trust", "--defaults", *data, "--vcs-ref", ref, template, dest, cwd=dest.parent
+    )
     run(["git", "init", "-q", "-b", "main"], cwd=dest)
     commit_everything(dest, f"generated at {ref}")
     return dest
 
 
-def fresh_schema(template: Path, tmp_path: Path, ref: str) -> dict[str, str]:
+def fresh_schema(template: Path, tmp_path: Path, ref: str, **answers: object) -> dict[str, str]:
     """The queue of a new project made at `ref`, as the Supabase CLI pushes it."""
-    project = copy_at(template, ref, tmp_path / f"fresh-{ref}")
+    project = copy_at(template, ref, tmp_path / f"fresh-{ref}", **answers)
     cluster = start_hosted_cluster()
     try:
         push_migrations(project, cluster.url())
-        return queue_schema(cluster, "pgqueue")
+        return queue_schema(cluster, str(answers.get("queue_schema", "pgqueue")))
     finally:
         cluster.destroy()
 
 
-def assert_the_queue_works(cluster) -> None:
-    """What 1.1.0's workers call that 202d53d lacked runs, and a claim of rows completes."""
+def missing(cluster, schema: str) -> list[str]:
+    """Which of what 1.1.0 added after 202d53d the database lacks."""
+    with cluster.connect() as db:
+        return [
+            f for f in ADDED_AFTER
+            if db.execute("select to_regprocedure(%s)", (f"{schema}.{f}",)).fetchone()[0] is None
+        ]  # fmt: skip
+
+
+def assert_the_queue_works(cluster, schema: str) -> None:
+    """What 1.1.0's workers call that 202d53d lacked is there, and a claim of rows completes."""
+    assert missing(cluster, schema) == []
     with cluster.connect(autocommit=True) as db:
-        for function in ADDED_AFTER:
-            assert db.execute("select to_regprocedure(%s)", (function,)).fetchone()[0]
-        db.execute("select pgqueue.enqueue('after-repair')")
+        db.execute(f"select {schema}.enqueue('after-repair')")
         claimed = db.execute(
-            "select id, lock_token from pgqueue.complete_and_claim('w', kinds => %s)",
+            f"select id, lock_token from {schema}.complete_and_claim('w', kinds => %s)",
             (["after-repair"],),
         ).fetchall()
         assert len(claimed) == 1
         (ids, tokens) = ([claimed[0][0]], [claimed[0][1]])
         db.execute(
-            "select * from pgqueue.complete_and_claim('w', %s, %s, 0)", (ids, tokens)
+            f"select * from {schema}.complete_and_claim('w', %s, %s, 0)", (ids, tokens)
         ).fetchall()
-        assert db.execute("select status from pgqueue.job(%s)", ids).fetchone() == ("done",)
-        assert db.execute("select pgqueue.checkout('w')").fetchone() == (False,)
+        assert db.execute(f"select status from {schema}.job(%s)", ids).fetchone() == ("done",)
+        assert db.execute(f"select {schema}.checkout('w')").fetchone() == (False,)
 
 
-# How a project came to hold 202d53d's text, and what it is updated to: made at, updated at
-# 202d53d (a project made at a release), updated through a release made before the check,
-# updated to (None: what `copier update` picks, the newest release), the file with that text.
+# How a project came to hold 202d53d's text, and what it is updated to: made at (with answers),
+# updated at 202d53d (a project made at a release), updated through a release made before the
+# check, updated to (None: what `copier update` picks, the newest release).
 PATHS = {
-    "copied-at-202d53d-to-the-newest-release": (DEVELOPMENT_COMMIT, None, None, None, STALE),
-    "copied-at-202d53d-through-1.1.0-to-head": (DEVELOPMENT_COMMIT, None, "v1.1.0", "HEAD", STALE),
+    "copied-at-202d53d-to-the-newest-release": (DEVELOPMENT_COMMIT, {}, None, None, None),
+    "copied-at-202d53d-with-its-own-answers-to-the-newest-release": (
+        DEVELOPMENT_COMMIT, RELEASE_ANSWERS["python-postgres-custom"], None, None, None
+    ),
+    "copied-at-202d53d-through-1.1.0-to-head": (DEVELOPMENT_COMMIT, {}, None, "v1.1.0", "HEAD"),
     "made-at-1.0.0-updated-at-202d53d-to-the-newest-release": (
-        "v1.0.0", DEVELOPMENT_COMMIT, None, None, "20261207000000_pgqueue_1_1_0_client_jobs.sql"
+        "v1.0.0", {}, DEVELOPMENT_COMMIT, None, None
     ),
 }  # fmt: skip
 
@@ -137,28 +151,32 @@ def update(project: Path, ref: str | None) -> subprocess.CompletedProcess:
     return done
 
 
-@pytest.mark.parametrize(("made", "via", "through", "to", "stale"), PATHS.values(), ids=PATHS)
+@pytest.mark.parametrize(("made", "answers", "via", "through", "to"), PATHS.values(), ids=PATHS)
 def test_a_project_from_a_development_commit_is_repaired_on_update(
     template: Path,
     tmp_path: Path,
     made: str,
+    answers: dict,
     via: str | None,
     through: str | None,
     to: str | None,
-    stale: str,
 ) -> None:
     """Copied at 202d53d, or made at 1.0.0 and updated at 202d53d; updated straight to the
     newest release, or first to v1.1.0, which cannot tell and keeps the old text, then to
     HEAD: the update adds one repair migration right after the file it repairs, and the queue,
     jobs and all, is then a new project's."""
-    project = copy_at(template, made, tmp_path / "app")
+    schema = answers.get("queue_schema", "pgqueue")
+    # the file with 202d53d's text: the baseline, or the step from 1.0.0
+    stale = "20261207000000_pgqueue_1_1_0_client_jobs.sql" if via else STALE
+    project = copy_at(template, made, tmp_path / "app", **answers)
     cluster = start_hosted_cluster()
     try:
         push_migrations(project, cluster.url())
         with cluster.connect(autocommit=True) as db:
             db.execute("update cron.job set active = false")
-            ids = fill_queue(db, "pgqueue")
-            before = db.execute("select id, status from pgqueue.all_jobs order by id").fetchall()
+            ids = fill_queue(db, schema)
+            jobs = f"select id, status from {schema}.all_jobs order by id"
+            before = db.execute(jobs).fetchall()
         if via:
             update(project, via)
         development = (project / MIGRATIONS / stale).read_text()
@@ -166,12 +184,7 @@ def test_a_project_from_a_development_commit_is_repaired_on_update(
             assert said(update(project, through)) == []
             assert (project / MIGRATIONS / stale).read_text() == development
         supabase(project, "migration", "up", "--db-url", cluster.url())
-        with cluster.connect() as db:
-            missing = db.execute(
-                "select f from unnest(%s::text[]) as f where to_regprocedure(f) is null",
-                (list(ADDED_AFTER),),
-            ).fetchall()
-        assert missing == [(f,) for f in ADDED_AFTER], "what the issue found"
+        assert missing(cluster, schema) == list(ADDED_AFTER), "what the issue found"
 
         done = update(project, to)
         version = "1.3.0.post1" if to else "1.3.0"
@@ -184,23 +197,21 @@ def test_a_project_from_a_development_commit_is_repaired_on_update(
         ], done.stderr
         assert (project / MIGRATIONS / stale).read_text() == development, "never rewritten"
         repair = (project / MIGRATIONS / REPAIR).read_text()
-        assert "create or replace function pgqueue.checkout(worker text)" in repair
-        assert "create sequence if not exists pgqueue.claim_fronts" in repair
+        assert f"create or replace function {schema}.checkout(worker text)" in repair
+        assert f"create sequence if not exists {schema}.claim_fronts" in repair
 
         with cluster.connect(user="postgres", autocommit=True) as db:
             db.execute(repair)  # once by hand: it can run again, as the CLI does next
         supabase(project, "migration", "up", "--db-url", cluster.url())
         with cluster.connect(autocommit=True) as db:
-            after = db.execute("select id, status from pgqueue.all_jobs order by id").fetchall()
-            assert after == before
-            assert db.execute(
-                "select pgqueue.heartbeat(%s, %s)", (ids["running"][0], ids["running_token"][0])
-            ).fetchone() == (True,)
-        upgraded = queue_schema(cluster, "pgqueue")
-        assert_the_queue_works(cluster)
+            assert db.execute(jobs).fetchall() == before
+            running = (ids["running"][0], ids["running_token"][0])
+            assert db.execute(f"select {schema}.heartbeat(%s, %s)", running).fetchone() == (True,)
+        upgraded = queue_schema(cluster, schema)
+        assert_the_queue_works(cluster, schema)
     finally:
         cluster.destroy()
-    fresh = fresh_schema(template, tmp_path, to or "v1.3.0")
+    fresh = fresh_schema(template, tmp_path, to or "v1.3.0", **answers)
     assert differences(fresh, upgraded) == []
 
     # the next update knows the repair: nothing more to add, nothing said
@@ -213,14 +224,20 @@ def test_a_development_commit_with_the_releases_migrations_updates_without_a_wor
     template: Path, tmp_path: Path
 ) -> None:
     """A copy of a commit after 1.2.0 that has 1.2.0's migrations, as released: nothing to
-    repair, nothing said, nothing added."""
+    repair, nothing said, nothing added but what an answer changed asks for; compared with the
+    answers it was rendered with, not the lease changed since."""
     project = copy_at(template, "v1.3.0~1", tmp_path / "app")
     (commit,) = re.findall(r"^_commit: (\S+)$", (project / ".copier-answers.yml").read_text(), re.M)
     assert hook.unreleased(template, [commit]) == [commit], "the check looks at it"
-    migrations = sorted((project / MIGRATIONS).iterdir())
+    migrations = sorted(p.name for p in (project / MIGRATIONS).iterdir())
+    done = copier("update", "--trust", "--defaults", "-d", "lease_seconds=600", cwd=project)
+    (config,) = {p.name for p in (project / MIGRATIONS).iterdir()} - set(migrations)
+    assert said(done) == [], done.stderr
+    assert f"{config} applies the changed answers: lease_seconds" in done.stdout
+    commit_everything(project, "lease 600")
     done = copier("update", "--trust", "--defaults", "--vcs-ref", "HEAD", cwd=project)
     assert said(done) == []
-    assert sorted((project / MIGRATIONS).iterdir()) == migrations
+    assert sorted(p.name for p in (project / MIGRATIONS).iterdir()) == sorted([*migrations, config])
 
 
 def test_a_difference_that_cannot_be_repaired_in_place_refuses_the_update(
@@ -290,6 +307,45 @@ def refused_then_repaired(
     commit_everything(project, "our repair")
     done = copier("update", "--trust", "--defaults", "--vcs-ref", "HEAD", cwd=project)
     assert said(done) == []
+
+
+def test_a_migration_no_release_has_refuses_the_update_until_marked(
+    template: Path, tmp_path: Path
+) -> None:
+    """A development commit's migration that the release does not have: the update is refused;
+    marked as the message says, it goes through, and the file Copier deletes comes back."""
+    repo = tmp_path / "template"
+    run(["git", "clone", "-q", template, repo], cwd=tmp_path)
+    extra = "20261209000000_pgqueue_extra.sql"
+    source = (
+        repo
+        / f"template/{MIGRATIONS}/{{% if queue_baseline == '1.2.0' %}}{extra}{{% endif %}}.jinja"
+    )
+    source.write_text("select 1;\n")
+    commit_everything(repo, "a migration tried out")
+    source.unlink()
+    commit_everything(repo, "and taken out again")
+    project = copy_at(repo, "HEAD~1", tmp_path / "app")
+
+    refused = copier(
+        "update", "--trust", "--defaults", "--vcs-ref", "HEAD", cwd=project, check=False
+    )
+    assert refused.returncode != 0
+    assert re.search(
+        rf"^  {extra}: commit \w+ has no migration of this name$", refused.stderr, re.M
+    )
+    assert run(["git", "status", "--porcelain"], cwd=project) == "", "nothing was written"
+
+    marker = re.search(r"^ +(-- pgqueue-template repair: .*)$", refused.stderr, re.M)[1]
+    assert marker == f'-- pgqueue-template repair: {{"{extra}": "none"}}'
+    (project / MIGRATIONS / "20261210000000_ours.sql").write_text(f"{marker}\nselect 2;\n")
+    commit_everything(project, "ours")
+    done = copier("update", "--trust", "--defaults", "--vcs-ref", "HEAD", cwd=project)
+    assert said(done) == []
+    assert f"git checkout HEAD -- {MIGRATIONS}/{extra}" in refused.stderr
+    assert not (project / MIGRATIONS / extra).exists(), "what step 4 says"
+    run(["git", "checkout", "HEAD", "--", f"{MIGRATIONS}/{extra}"], cwd=project)
+    assert (project / MIGRATIONS / extra).read_text() == "select 1;\n"
 
 
 def test_the_template_knows_the_releases_the_tests_know() -> None:
