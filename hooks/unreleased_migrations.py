@@ -60,6 +60,8 @@ DEFINITION = re.compile(
     re.IGNORECASE,
 )
 COMMENT = re.compile(r"^comment\s+on\s+(.+?)\s+is\s", re.IGNORECASE | re.DOTALL)
+# the opening of a dollar-quoted string: $$ or $tag$
+DOLLAR_QUOTE = re.compile(r"\$(?:[A-Za-z_]\w*)?\$")
 # what `create or replace` (or `comment on`) defines again whole
 REDEFINABLE = ("function ", "view ", "comment ")
 # `grant|revoke <privileges> on [<kind>] <objects> to|from <roles>`
@@ -92,8 +94,8 @@ def unreleased(template: Path, commits: list[str]) -> list[str]:
     """The commits among these that are no release, by the template's own history (a
     `git describe` name such as v1.0.0-4-g202d53d resolves too)."""
     releases = set(RELEASES.values())
-    return [c for c in commits if git("rev-parse", "--verify", f"{c}^{{commit}}", cwd=template)
-            not in releases]  # fmt: skip
+    resolved = {c: git("rev-parse", "--verify", f"{c}^{{commit}}", cwd=template) for c in commits}
+    return [c for c in commits if resolved[c] not in releases]
 
 
 def render_release(template: Path, commit: str, answers: dict, dest: Path) -> Path:
@@ -122,8 +124,8 @@ def statements(sql: str) -> list[str]:
             i = sql.index("*/", i) + 2
         elif sql[i] in "'\"":
             i = sql.index(sql[i], i + 1) + 1  # a doubled quote reads as two strings: same end
-        elif tag := re.match(r"\$(?:[A-Za-z_]\w*)?\$", sql[i:]):
-            i = sql.index(tag[0], i + len(tag[0])) + len(tag[0])
+        elif sql[i] == "$" and (tag := DOLLAR_QUOTE.match(sql, i)):
+            i = sql.index(tag[0], tag.end()) + len(tag[0])
         else:
             if sql[i] == ";":
                 found.append(sql[start : i + 1])
