@@ -315,10 +315,14 @@ def test_copy_and_update_from_a_release_print_no_warning(releases: Path, tmp_pat
 
     updated = copier_cli("update", "--trust", "--defaults", cwd=project)
     said = [line for line in updated.stderr.splitlines() if line.strip()]
-    # Copier names each migration it runs (README.md says what this one is); nothing else
+    # Copier names each migration it runs (README.md says what they are); nothing else
     assert said[0] == "Updating to template version 1.1.0", updated.stderr
-    assert [line.split(":")[0] for line in said[1:]] == [" > Running task 1 of 1"], said
-    assert "report_conflicts.py" in said[1]
+    assert [line.split(":")[0] for line in said[1:]] == [
+        " > Running task 1 of 2",
+        " > Running task 2 of 2",
+    ], said
+    assert "unreleased_migrations.py" in said[1]
+    assert "report_conflicts.py" in said[2]
     assert "_commit: v1.1.0" in (project / ".copier-answers.yml").read_text()
 
 
