@@ -570,7 +570,7 @@ def test_concurrent_claimers_enqueuers_and_sweeps_keep_the_counts_exact(
         try:
             with stack.connect(autocommit=True) as conn:
                 while any(t.is_alive() for t in workers):
-                    conn.execute("select pgqueue.fold_job_counts()")
+                    conn.execute("select pgqueue._fold_job_counts()")
         except BaseException as exc:
             errors.append(exc)
 
