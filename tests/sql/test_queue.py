@@ -15,6 +15,7 @@ from testkit.cluster import Cluster
 from testkit.stack import wait_for_pg_net
 from tests.support.http_sink import HttpSink
 from tests.support.jobs import job
+from tests.support.schema import PINS_ITS_PATH
 from tests.support.wake_signing import verified
 
 # The queue's SQL contract: all of it is part of the quick loop (scripts/test --quick).
@@ -581,30 +582,60 @@ def test_service_role_has_exactly_the_worker_api(db: psycopg.Connection) -> None
             db.execute("update pgqueue.jobs set status = 'done'")
 
 
+def unpinned(db: psycopg.Connection) -> list[str]:
+    """The queue's functions that neither pin search_path first nor are the inlined exception,
+    or that set anything but the hot path's planner settings after it."""
+    rows = db.execute(
+        f"select p.proname, p.proconfig, {PINS_ITS_PATH} from pg_proc as p"
+        " where p.pronamespace in ('pgqueue'::regnamespace, 'pgqueue_public'::regnamespace)"
+    ).fetchall()
+    assert len(rows) >= 60
+    # search_path first; the hot path also fixes its plan cache mode (see complete_and_claim()),
+    # and completions keep to claims_pkey (see complete_claimed())
+    return sorted(
+        name
+        for name, config, pinned in rows
+        if not pinned
+        or any(
+            not setting.startswith("plan_cache_mode=") and setting != "enable_seqscan=off"
+            for setting in (config or [])[1:]
+        )
+    )
+
+
 def test_every_queue_function_pins_its_search_path_with_pg_temp_last(
     db: psycopg.Connection,
 ) -> None:
     """Every function of the queue's schemas, SECURITY DEFINER or not, sets search_path =
     pg_catalog, pg_temp: with pg_temp left out (an empty path), PostgreSQL looks up tables and
     types in the caller's temporary schema first (tests/sql/test_temp_shadowing.py shows the
-    attack it stops)."""
-    rows = db.execute(
-        "select p.proname, p.proconfig from pg_proc as p"
-        " where p.pronamespace in ('pgqueue'::regnamespace, 'pgqueue_public'::regnamespace)"
-    ).fetchall()
-    assert len(rows) >= 60
-    # search_path first; the hot path also fixes its plan cache mode (see complete_and_claim()),
-    # and completions keep to claims_pkey (see complete_claimed())
-    assert [
-        name
-        for name, config in rows
-        if not config
-        or config[0] != "search_path=pg_catalog, pg_temp"
-        or any(
-            not setting.startswith("plan_cache_mode=") and setting != "enable_seqscan=off"
-            for setting in config[1:]
-        )
-    ] == []
+    attack it stops). The one exception is an inlined helper (PINS_ITS_PATH)."""
+    assert unpinned(db) == []
+    assert db.execute(
+        "select proconfig is null from pg_proc where oid = 'pgqueue._due_bucket'::regproc"
+    ).fetchone() == (True,), "the due bucket is inlined into its callers"
+
+
+@pytest.mark.parametrize(
+    ("name", "shape"),
+    [
+        ("_planted", "language sql security definer"),
+        ("planted", "language sql"),
+        ("_planted", "language plpgsql"),
+        ("_planted", "language sql set work_mem = '1MB'"),
+    ],
+    ids=["security-definer", "not-underscored", "plpgsql", "other-setting"],
+)
+def test_only_an_internal_sql_function_without_settings_may_leave_the_path_alone(
+    db: psycopg.Connection, name: str, shape: str
+) -> None:
+    body = "select 1" if shape.split()[1] == "sql" else "begin return 1; end"
+    with db.transaction(force_rollback=True):
+        db.execute(f"create function pgqueue.{name}() returns int {shape} as $${body}$$")
+        assert unpinned(db) == [name]
+    with db.transaction(force_rollback=True):
+        db.execute("create function pgqueue._planted() returns int language sql as 'select 1'")
+        assert unpinned(db) == []
 
 
 def test_claims_and_the_history_are_served_by_their_indexes(db: psycopg.Connection) -> None:
