@@ -432,9 +432,10 @@ def test_the_third_release_in_a_row_counts_the_attempt_until_the_job_dead_letter
     dead = job(db, job_id)
     assert (dead["status"], dead["attempts"]) == ("failed", 2)
     assert dead["last_error"].endswith("counted as attempt 2 of 2")
-    assert db.execute("select count(*) from pgqueue.job_releases").fetchone() == (0,)
     # a dead letter brought back starts with no releases counted
     assert db.execute("select pgqueue.retry(%s)", (job_id,)).fetchone() == (True,)
+    releases = db.execute("select releases from pgqueue.jobs where id = %s", (job_id,))
+    assert releases.fetchone() == (0,)
     claim_and_release(db, job_id)
     assert (job(db, job_id)["status"], job(db, job_id)["attempts"]) == ("queued", 0)
 
@@ -461,21 +462,21 @@ def test_an_attempt_counted_between_releases_starts_their_count_again(
     assert job(db, job_id)["attempts"] == 3
 
 
-def test_the_sweeper_forgets_the_releases_of_jobs_that_finished(db: psycopg.Connection) -> None:
-    done, queued, running = enqueue_n(db, 3, **AS_ROWS)
-    for claimed in claim(db, 3):
-        db.execute("select pgqueue.release(%s, %s)", (claimed["id"], claimed["lock_token"]))
-    db.execute(
-        "update pgqueue.jobs set run_after = now() + interval '1 hour' where id = %s", (queued,)
-    )
-    (first,) = claim(db)
-    assert first["id"] == done
-    db.execute("select pgqueue.complete(%s, %s)", (done, first["lock_token"]))
-    assert [j["id"] for j in claim(db)] == [running]
-    released = "select job_id from pgqueue.job_releases order by job_id"
-    assert db.execute(released).fetchall() == [(done,), (queued,), (running,)]
-    db.execute("select pgqueue.sweep()")
-    assert db.execute(released).fetchall() == [(queued,), (running,)]
+def test_a_job_carries_its_releases_in_a_row_while_queued_and_running(
+    db: psycopg.Connection,
+) -> None:
+    """The count is the job's own (jobs.releases, claimed_job.releases): nothing is left
+    behind when the job finishes, and a counted attempt requeues it with 0."""
+    (job_id,) = enqueue_n(db, 1, **AS_ROWS)
+    releases = "select releases from pgqueue.jobs where id = %s"
+    claim_and_release(db, job_id)
+    claim_and_release(db, job_id)
+    assert db.execute(releases, (job_id,)).fetchone() == (2,)
+    (claimed,) = claim(db)
+    claimed_releases = "select e.releases from pgqueue.claims, unnest(jobs) as e where e.id = %s"
+    assert db.execute(claimed_releases, (job_id,)).fetchone() == (2,)
+    db.execute("select pgqueue.fail(%s, %s, 'boom')", (job_id, claimed["lock_token"]))
+    assert db.execute(releases, (job_id,)).fetchone() == (0,)
 
 
 def test_stats_count_jobs_and_the_age_of_the_oldest_runnable(db: psycopg.Connection) -> None:
