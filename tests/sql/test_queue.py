@@ -572,8 +572,10 @@ def test_service_role_has_exactly_the_worker_api(db: psycopg.Connection) -> None
         "checkout",
         # release 1.2.0: a failure whose message the job's owner reads
         "fail_user_facing",
-        # release 1.3.0: the queued_counts view calls it, and a view's reader must be allowed to
+        # release 1.3.0: what a reader of queued_counts and a plain INSERT into jobs (the
+        # traceparent domain's check) execute
         "_due_bucket",
+        "_is_traceparent",
     }
     with db.transaction(force_rollback=True):
         db.execute("set local role service_role")
@@ -704,8 +706,8 @@ def test_enqueue_refuses_a_payload_over_one_mebibyte(db: psycopg.Connection) -> 
 
 # What a worker, an enqueue or a claim calls once per job or per request, and what those call.
 CALLED_PER_JOB_OR_REQUEST = [
-    "enqueue", "enqueue_many", "default_max_attempts", "key_holder", "checked_traceparent",
-    "jobs_wake_workers", "notify_workers", "wake", "claim", "complete_and_claim",
+    "enqueue", "enqueue_many", "default_max_attempts", "key_holder", "_checked_traceparent",
+    "_jobs_wake_workers", "_notify_workers", "_wake", "claim", "complete_and_claim",
     "runnable_jobs", "keyed_candidates", "claim_allowance", "take_tokens", "complete",
     "complete_many", "complete_jobs", "end_attempts", "heartbeat", "heartbeat_many",
     "is_running", "progress", "fail", "backoff", "release", "cancel", "job",
@@ -829,7 +831,7 @@ def test_wake_ups_follow_the_configured_setting_names_and_url(
         )
         db.execute(sql.SQL("alter database postgres set app.other_key = {}").format(OTHER_KEY))
         try:
-            (request_id,) = db.execute("select pgqueue.wake('test')").fetchone()
+            (request_id,) = db.execute("select pgqueue._wake('test')").fetchone()
             assert request_id is not None
             wait_for_pg_net(db)
         finally:
