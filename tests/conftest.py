@@ -160,7 +160,7 @@ def db(stack: Cluster, project: Path) -> Iterator[psycopg.Connection]:
     with stack.connect(autocommit=True) as conn:
         conn.execute(
             "truncate pgqueue.jobs, pgqueue.job_batches, pgqueue.job_history, pgqueue.done_batches,"
-            " pgqueue.claims, pgqueue.claimed_keys, pgqueue.job_progress, pgqueue.job_releases"
+            " pgqueue.claims, pgqueue.claimed_keys, pgqueue.job_progress"
             " restart identity;"
             "truncate net.http_request_queue, net._http_response, vault.secrets;"
         )

@@ -142,7 +142,7 @@ def test_without_pg_net_the_migrations_apply_and_health_says_so(
 
 
 def test_health_says_when_wake_ups_cannot_be_signed(db: psycopg.Connection) -> None:
-    """pgcrypto signs the wake-ups, in the schema wake_signature() was written to call: moved
+    """pgcrypto signs the wake-ups, in the schema _wake_signature() was written to call: moved
     elsewhere (or dropped), no wake-up can be signed, and health() says so instead of ok."""
     point_wake_ups(db, "http://127.0.0.1:9/wake", KEY)
     (schema,) = db.execute(

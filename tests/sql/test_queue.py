@@ -15,6 +15,7 @@ from testkit.cluster import Cluster
 from testkit.stack import wait_for_pg_net
 from tests.support.http_sink import HttpSink
 from tests.support.jobs import job
+from tests.support.schema import PINS_ITS_PATH
 from tests.support.wake_signing import verified
 
 # The queue's SQL contract: all of it is part of the quick loop (scripts/test --quick).
@@ -456,9 +457,10 @@ def test_the_third_release_in_a_row_counts_the_attempt_until_the_job_dead_letter
     dead = job(db, job_id)
     assert (dead["status"], dead["attempts"]) == ("failed", 2)
     assert dead["last_error"].endswith("counted as attempt 2 of 2")
-    assert db.execute("select count(*) from pgqueue.job_releases").fetchone() == (0,)
     # a dead letter brought back starts with no releases counted
     assert db.execute("select pgqueue.retry(%s)", (job_id,)).fetchone() == (True,)
+    releases = db.execute("select releases from pgqueue.jobs where id = %s", (job_id,))
+    assert releases.fetchone() == (0,)
     claim_and_release(db, job_id)
     assert (job(db, job_id)["status"], job(db, job_id)["attempts"]) == ("queued", 0)
 
@@ -485,21 +487,22 @@ def test_an_attempt_counted_between_releases_starts_their_count_again(
     assert job(db, job_id)["attempts"] == 3
 
 
-def test_the_sweeper_forgets_the_releases_of_jobs_that_finished(db: psycopg.Connection) -> None:
-    done, queued, running = enqueue_n(db, 3, **AS_ROWS)
-    for claimed in claim(db, 3):
-        db.execute("select pgqueue.release(%s, %s)", (claimed["id"], claimed["lock_token"]))
-    db.execute(
-        "update pgqueue.jobs set run_after = now() + interval '1 hour' where id = %s", (queued,)
-    )
-    (first,) = claim(db)
-    assert first["id"] == done
-    db.execute("select pgqueue.complete(%s, %s)", (done, first["lock_token"]))
-    assert [j["id"] for j in claim(db)] == [running]
-    released = "select job_id from pgqueue.job_releases order by job_id"
-    assert db.execute(released).fetchall() == [(done,), (queued,), (running,)]
-    db.execute("select pgqueue.sweep()")
-    assert db.execute(released).fetchall() == [(queued,), (running,)]
+def test_a_job_carries_its_releases_in_a_row_while_queued_and_running(
+    db: psycopg.Connection,
+) -> None:
+    """The count goes with the job (jobs.releases, and its claim's releases while it runs):
+    nothing is left behind when the job finishes, and a counted attempt requeues it with 0."""
+    (job_id,) = enqueue_n(db, 1, **AS_ROWS)
+    releases = "select releases from pgqueue.jobs where id = %s"
+    claim_and_release(db, job_id)
+    claim_and_release(db, job_id)
+    assert db.execute(releases, (job_id,)).fetchone() == (2,)
+    (claimed,) = claim(db)
+    claimed_releases = "select releases from pgqueue.claims where %s = any (ids)"
+    assert db.execute(claimed_releases, (job_id,)).fetchone() == ([2],)
+    assert claimed["releases"] == 2, "claim() returns it with the job's row"
+    db.execute("select pgqueue.fail(%s, %s, 'boom')", (job_id, claimed["lock_token"]))
+    assert db.execute(releases, (job_id,)).fetchone() == (0,)
 
 
 def test_stats_count_jobs_and_the_age_of_the_oldest_runnable(db: psycopg.Connection) -> None:
@@ -597,6 +600,10 @@ def test_service_role_has_exactly_the_worker_api(db: psycopg.Connection) -> None
         "fail_user_facing",
         # release 1.3.0: what the view stats calls, which its reader must be allowed to
         "_live_counts",
+        # release 1.3.0: what a reader of queued_counts and a plain INSERT into jobs (the
+        # traceparent domain's check) execute
+        "_due_bucket",
+        "_is_traceparent",
     }
     with db.transaction(force_rollback=True):
         db.execute("set local role service_role")
@@ -608,30 +615,60 @@ def test_service_role_has_exactly_the_worker_api(db: psycopg.Connection) -> None
             db.execute("update pgqueue.jobs set status = 'done'")
 
 
+def unpinned(db: psycopg.Connection) -> list[str]:
+    """The queue's functions that neither pin search_path first nor are the inlined exception,
+    or that set anything but the hot path's planner settings after it."""
+    rows = db.execute(
+        f"select p.proname, p.proconfig, {PINS_ITS_PATH} from pg_proc as p"
+        " where p.pronamespace in ('pgqueue'::regnamespace, 'pgqueue_public'::regnamespace)"
+    ).fetchall()
+    assert len(rows) >= 60
+    # search_path first; the hot path also fixes its plan cache mode (see complete_and_claim()),
+    # and completions keep to claims_pkey (see complete_claimed())
+    return sorted(
+        name
+        for name, config, pinned in rows
+        if not pinned
+        or any(
+            not setting.startswith("plan_cache_mode=") and setting != "enable_seqscan=off"
+            for setting in (config or [])[1:]
+        )
+    )
+
+
 def test_every_queue_function_pins_its_search_path_with_pg_temp_last(
     db: psycopg.Connection,
 ) -> None:
     """Every function of the queue's schemas, SECURITY DEFINER or not, sets search_path =
     pg_catalog, pg_temp: with pg_temp left out (an empty path), PostgreSQL looks up tables and
     types in the caller's temporary schema first (tests/sql/test_temp_shadowing.py shows the
-    attack it stops)."""
-    rows = db.execute(
-        "select p.proname, p.proconfig from pg_proc as p"
-        " where p.pronamespace in ('pgqueue'::regnamespace, 'pgqueue_public'::regnamespace)"
-    ).fetchall()
-    assert len(rows) >= 60
-    # search_path first; the hot path also fixes its plan cache mode (see complete_and_claim()),
-    # and completions keep to claims_pkey (see complete_claimed())
-    assert [
-        name
-        for name, config in rows
-        if not config
-        or config[0] != "search_path=pg_catalog, pg_temp"
-        or any(
-            not setting.startswith("plan_cache_mode=") and setting != "enable_seqscan=off"
-            for setting in config[1:]
-        )
-    ] == []
+    attack it stops). The one exception is an inlined helper (PINS_ITS_PATH)."""
+    assert unpinned(db) == []
+    assert db.execute(
+        "select proconfig is null from pg_proc where oid = 'pgqueue._due_bucket'::regproc"
+    ).fetchone() == (True,), "the due bucket is inlined into its callers"
+
+
+@pytest.mark.parametrize(
+    ("name", "shape"),
+    [
+        ("_planted", "language sql security definer"),
+        ("planted", "language sql"),
+        ("_planted", "language plpgsql"),
+        ("_planted", "language sql set work_mem = '1MB'"),
+    ],
+    ids=["security-definer", "not-underscored", "plpgsql", "other-setting"],
+)
+def test_only_an_internal_sql_function_without_settings_may_leave_the_path_alone(
+    db: psycopg.Connection, name: str, shape: str
+) -> None:
+    body = "select 1" if shape.split()[1] == "sql" else "begin return 1; end"
+    with db.transaction(force_rollback=True):
+        db.execute(f"create function pgqueue.{name}() returns int {shape} as $${body}$$")
+        assert unpinned(db) == [name]
+    with db.transaction(force_rollback=True):
+        db.execute("create function pgqueue._planted() returns int language sql as 'select 1'")
+        assert unpinned(db) == []
 
 
 def test_claims_and_the_history_are_served_by_their_indexes(db: psycopg.Connection) -> None:
@@ -697,8 +734,8 @@ def test_enqueue_refuses_a_payload_over_one_mebibyte(db: psycopg.Connection) -> 
 
 # What a worker, an enqueue or a claim calls once per job or per request, and what those call.
 CALLED_PER_JOB_OR_REQUEST = [
-    "enqueue", "enqueue_many", "default_max_attempts", "key_holder", "checked_traceparent",
-    "jobs_wake_workers", "notify_workers", "wake", "claim", "complete_and_claim",
+    "enqueue", "enqueue_many", "default_max_attempts", "key_holder", "_checked_traceparent",
+    "_jobs_wake_workers", "_notify_workers", "_wake", "claim", "complete_and_claim",
     "runnable_jobs", "keyed_candidates", "claim_allowance", "take_tokens", "complete",
     "complete_many", "complete_jobs", "end_attempts", "heartbeat", "heartbeat_many",
     "is_running", "progress", "fail", "backoff", "release", "cancel", "job", "_end_attempt",
@@ -823,7 +860,7 @@ def test_wake_ups_follow_the_configured_setting_names_and_url(
         )
         db.execute(sql.SQL("alter database postgres set app.other_key = {}").format(OTHER_KEY))
         try:
-            (request_id,) = db.execute("select pgqueue.wake('test')").fetchone()
+            (request_id,) = db.execute("select pgqueue._wake('test')").fetchone()
             assert request_id is not None
             wait_for_pg_net(db)
         finally:

@@ -160,3 +160,36 @@ def test_the_projects_pgtap_suite_fails_on_a_queue_function_that_leaves_pg_temp_
     assert weak.returncode != 0
     assert "sets search_path = pg_catalog, pg_temp" in weak.stdout + weak.stderr
     assert pinned.returncode == 0, pinned.stdout + pinned.stderr
+
+
+def test_the_projects_pgtap_suite_lets_only_an_inlined_helper_leave_the_path_alone(
+    project: Path, db: psycopg.Connection, stack: Cluster
+) -> None:
+    """An internal (`_`-named) SQL function without settings may leave search_path alone (it is
+    inlined into its caller, whose path is pinned); made SECURITY DEFINER, named without the
+    underscore, or in PL/pgSQL, it fails the project's pgTAP suite."""
+    tests = sorted((project / "supabase/tests/database").glob("*.test.sql"))
+
+    def add(name: str, shape: str) -> subprocess.CompletedProcess:
+        body = "select 1" if shape.startswith("language sql") else "begin return 1; end"
+        db.execute(
+            f"create function pgqueue.{name}() returns int {shape} as $${body}$$;"
+            f"revoke execute on function pgqueue.{name}() from public"
+        )
+        try:
+            return subprocess.run(
+                ["pg_prove", "-d", stack.dsn(), *tests], capture_output=True, text=True
+            )
+        finally:
+            db.execute(f"drop function pgqueue.{name}()")
+
+    inlined = add("_added_later", "language sql")
+    refused = [
+        add("_added_later", "language sql security definer"),
+        add("added_later", "language sql"),
+        add("_added_later", "language plpgsql"),
+    ]
+    assert inlined.returncode == 0, inlined.stdout + inlined.stderr
+    for run in refused:
+        assert run.returncode != 0
+        assert "sets search_path = pg_catalog, pg_temp" in run.stdout + run.stderr

@@ -140,7 +140,7 @@ def test_a_burst_of_inserts_sends_one_wake_up_while_it_waits_in_pg_nets_queue(
         )
         db.execute("""select pgqueue.enqueue_many('[{"kind": "a", "queue": "q2"}]')""")
         waiting = db.execute("select count(*) from net.http_request_queue").fetchone()[0]
-        returned = db.execute("select pgqueue.wake('test')").fetchone()[0]
+        returned = db.execute("select pgqueue._wake('test')").fetchone()[0]
     wait_for_pg_net(db)
 
     assert len(ids) == 30
@@ -174,8 +174,8 @@ def test_a_backlog_in_pg_nets_queue_is_not_scanned_by_every_wake_up(
             " 2000 from generate_series(1, 50000) as g"
         )
         before = db.execute(read).fetchone()[0]
-        first = db.execute("select pgqueue.wake('test')").fetchone()[0]
-        again = db.execute("select pgqueue.wake('test')").fetchone()[0]
+        first = db.execute("select pgqueue._wake('test')").fetchone()[0]
+        again = db.execute("select pgqueue._wake('test')").fetchone()[0]
         scanned = db.execute(read).fetchone()[0] - before
     assert first is not None and again == first, "the waiting wake-up is found past the backlog"
     assert 0 < scanned < 2 * 5_000, f"two wake-ups read {scanned} rows of 50,000"
@@ -376,8 +376,8 @@ def test_no_api_role_can_read_the_secrets_through_the_queue(
 ) -> None:
     create_vault_secrets(db, "http://127.0.0.1:9/wake", VAULT_KEY)
     for call in (
-        "select pgqueue.wake('probe')",
-        "select pgqueue.notify_workers(array['default'], 'probe')",
+        "select pgqueue._wake('probe')",
+        "select pgqueue._notify_workers(array['default'], 'probe')",
     ):
         with db.transaction(force_rollback=True):
             db.execute(f"set local role {role}")

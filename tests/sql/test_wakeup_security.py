@@ -324,8 +324,8 @@ def test_a_wake_up_planted_in_pg_nets_queue_does_not_stand_in_for_the_databases(
         )
         conn.execute("reset role")
         (planted,) = conn.execute("select max(id) from net.http_request_queue").fetchone()
-        (sent,) = conn.execute("select pgqueue.wake('enqueue')").fetchone()
-        (again,) = conn.execute("select pgqueue.wake('enqueue')").fetchone()
+        (sent,) = conn.execute("select pgqueue._wake('enqueue')").fetchone()
+        (again,) = conn.execute("select pgqueue._wake('enqueue')").fetchone()
         conn.rollback()
     assert sent is not None and sent != planted
     assert again == sent, "its own waiting wake-up it does find"

@@ -14,6 +14,17 @@ from testkit.cluster import PG_BIN, Cluster
 #   -- Name: backoff(integer); Type: FUNCTION; Schema: pgqueue; Owner: postgres
 HEADER = re.compile(r"^-- Name: (.+?); Type: (.+?); Schema: (.*?); .*$", re.MULTILINE)
 
+# True for a function (`p`, a pg_proc row) that pins search_path = pg_catalog, pg_temp first, or
+# is the one kind that may leave it alone: an internal (`_`-named) SQL function, not SECURITY
+# DEFINER, without settings. PostgreSQL inlines it into the query that calls it, whose
+# function pins the path (a function with a SET clause is never inlined). The same predicate is
+# in the project's pgTAP suite (template/supabase/tests/database/queue.test.sql.jinja).
+PINS_ITS_PATH = (
+    "coalesce(p.proconfig[1] = 'search_path=pg_catalog, pg_temp', false)"
+    " or (p.proname like '\\_%' and p.prolang = (select l.oid from pg_catalog.pg_language as l"
+    " where l.lanname = 'sql') and not p.prosecdef and p.proconfig is null)"
+)
+
 
 def queue_schema(cluster: Cluster, schema: str) -> dict[str, str]:
     """{"FUNCTION backoff(integer)": its definition, ...} (an object of `<schema>_public`

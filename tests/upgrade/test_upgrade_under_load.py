@@ -60,7 +60,7 @@ from testkit.project import (
     variant,
 )
 from testkit.stack import start_supabase_like_cluster
-from tests.support.schema import differences, queue_schema
+from tests.support.schema import PINS_ITS_PATH, differences, queue_schema
 from tests.support.workers import HANDLERS, Installed, Workers, with_handlers
 
 PYTHON_POSTGRES = variant("python", "postgres")
@@ -481,12 +481,19 @@ def test_claimers_of_the_previous_release_keep_claiming_through_the_step(
                 " where oid = 'pgqueue.complete_and_claim(text, bigint[], uuid[], integer, text[],"
                 " text, integer, jsonb[])'::regprocedure"
             ).fetchone()
+            # and the current one every function's, but the inlined helpers' (PINS_ITS_PATH)
+            unpinned = db.execute(
+                "select array_agg(p.proname) from pg_proc as p where p.pronamespace in"
+                " ('pgqueue'::regnamespace, 'pgqueue_public'::regnamespace)"
+                f" and not ({PINS_ITS_PATH})"
+            ).fetchone()[0]
             left = db.execute("select count(*) from pgqueue.live_jobs").fetchone()[0]
     finally:
         cluster.destroy()
 
     assert push.returncode == 0, push.stdout + push.stderr
     assert steps, "the push applied the current release's step"
+    assert unpinned is None
     assert errors == []
     assert left == 0
     assert len(enqueued) > 1_000, "the producer enqueued throughout the update and the push"
