@@ -67,7 +67,8 @@ def disagreements(conn: psycopg.Connection, section: str) -> list[str]:
                      where a.privilege_type = 'EXECUTE' and a.grantee <> p.proowner
                      order by 1),
                exists (select from pg_depend as d
-                       where d.classid = 'pg_rewrite'::regclass and d.refobjid = p.oid)
+                       where d.classid in ('pg_rewrite'::regclass, 'pg_constraint'::regclass)
+                         and d.refobjid = p.oid)
         from pg_proc as p
         where p.pronamespace = any (%s::regnamespace[])
         order by 1
@@ -75,10 +76,12 @@ def disagreements(conn: psycopg.Connection, section: str) -> list[str]:
         (list(SCHEMAS),),
     ).fetchall()
     found = []
-    for function, name, grantees, in_a_view in rows:
+    for function, name, grantees, in_a_view_or_check in rows:
         entry = listing.pop(function, None)
         if name.startswith("_"):
-            if grantees and not (in_a_view and set(grantees) == {"service_role"} and entry):
+            if grantees and not (
+                in_a_view_or_check and set(grantees) == {"service_role"} and entry
+            ):
                 found.append(f"{function} is internal but granted to {', '.join(grantees)}")
         elif entry is None:
             if grantees or name not in NOT_YET_RENAMED:
