@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
+from ..queue import Job, QueueClient
 from .logs import describe_exception
-from .queue_client import Job, QueueClient
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ the outcome goes back to the queue: success, with the handler's result, to the b
 completions; a failure to fail() with the error (the queue decides between a retry with
 backoff and the dead letters), a UserFacingError to fail_user_facing() (the job's owner reads
 its message); a job still running at shutdown to release(). A result that
-is not JSON or is over max_result_bytes fails its job for good (results.py). The handler's
+is not JSON or is over max_result_bytes fails its job for good (queue/results.py). The handler's
 progress reports go to the queue as it makes them, with the job's lock token.
 """
 
@@ -20,22 +20,22 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .backoff import Outage
-from .completions import Completions
-from .failures import report_failure
-from .leases import LeaseKeeper, StopReason
-from .logs import describe_exception, job_fields, ms_since
-from .metrics import WorkerMetrics
-from .queue_client import Job, QueueClient, QueueUnavailable
-from .registry import (
+from ..queue import Job, QueueClient, QueueUnavailable
+from ..queue.results import MAX_PROGRESS_BYTES, NotStorable, to_json_text
+from ..registry import (
     JobInfo,
     PermanentError,
     Registration,
     UserFacingError,
     describe_validation_error,
 )
+from .backoff import Outage
+from .completions import Completions
+from .failures import report_failure
+from .leases import LeaseKeeper, StopReason
+from .logs import describe_exception, job_fields, ms_since
+from .metrics import WorkerMetrics
 from .reports import report
-from .results import MAX_PROGRESS_BYTES, NotStorable, to_json_text
 from .tracing import JobTracing
 
 log = logging.getLogger(__name__)

@@ -1,10 +1,10 @@
-# Worker machinery: you should not need to edit this file (handlers live in handlers/).
+# Queue client machinery: you should not need to edit this file (handlers live in handlers/).
 """The queue client: one interface over the queue's SQL functions, whatever the transport.
 
 Every method is one call to a function in the queue's schema (settings.QUEUE_SCHEMA; see
 supabase/migrations); no queue logic lives in Python. A transport implements the worker's hot
 path below (claims, completions, failures, leases, wake-ups) in the way that suits it, and the
-two calls every other method is written on once (queue_functions.py). The transport module this
+two calls every other method is written on once (functions.py). The transport module this
 project was generated with implements it, and its `open_queue(settings)` returns one.
 """
 
@@ -18,7 +18,7 @@ from typing import Any, NewType
 
 from pydantic_core import from_json
 
-from .queue_errors import (
+from .errors import (
     ConfigRefused,
     QueueApiError,
     QueueUnavailable,
@@ -26,8 +26,8 @@ from .queue_errors import (
     SchemaMissing,
     TooLarge,
 )
-from .queue_functions import QueueFunctions
-from .queue_types import (
+from .functions import QueueFunctions
+from .types import (
     ON_CONFLICT,
     FailStatus,
     JobState,

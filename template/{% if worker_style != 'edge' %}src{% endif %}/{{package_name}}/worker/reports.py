@@ -9,8 +9,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from ..queue import QueueUnavailable
 from .backoff import Backoff, Outage
-from .queue_client import QueueUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import logging
 
+from ..queue import Job, QueueClient
 from .backoff import Outage
 from .logs import job_fields, ms_since
 from .metrics import Outcome, WorkerMetrics
-from .queue_client import Job, QueueClient
 from .reports import report
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ long before the lease of its job (no longer renewed) can end.
 
 Results go with their jobs: in complete_and_claim()'s done_results, and alone with one
 complete() per job that has one (jobs without a result go together, with complete_many()).
-The worker checked each result's size (results.py), but the database measures the jsonb it
+The worker checked each result's size (queue/results.py), but the database measures the jsonb it
 stores, and refuses a whole claim whose result it finds over max_result_bytes. Then nothing
 was completed or claimed, and the claim's jobs are sent alone at once (ResultRefused tells the
 claim loop to claim again): only the job whose result is refused fails, with the database's
@@ -36,13 +36,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from ..queue import Done, Job, JsonText, QueueClient, Refused, TooLarge
+from ..queue.results import STORE_ELSEWHERE
 from .backoff import Outage
 from .failures import report_failure
 from .logs import job_fields, ms_since
 from .metrics import WorkerMetrics
-from .queue_client import Done, Job, JsonText, QueueClient, Refused, TooLarge
 from .reports import report
-from .results import STORE_ELSEWHERE
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class Completions:
 
     def add(self, job: Job, started: float, result: JsonText | None = None) -> None:
         """Report `job` (whose handler started at `started`, a time.monotonic() reading) done,
-        with its `result` (checked by results.py)."""
+        with its `result` (checked by queue/results.py)."""
         self._pending.append(_Done(Done(job, result), started, time.monotonic()))
         if not self._claims_expected or len(self._pending) == 1:
             self._changed.set()

@@ -11,9 +11,9 @@
   timer, so its cost per job stays small.
 - A handler's return value is its job's result: it rides along with the completion (a
   result that is not JSON, or over the configured max_result_bytes, fails its job instead;
-  results.py). Handlers may report progress as they go (JobInfo.report_progress()).
+  queue/results.py). Handlers may report progress as they go (JobInfo.report_progress()).
 - A job a signed-in user of the app submitted carries its owner (job.owner), read after the
-  claim and only for batches with kinds open to users (owners.py).
+  claim and only for batches with kinds open to users (queue/owners.py).
 - Idle, the worker waits for a wake-up (LISTEN with the postgres transport) or polls with a
   growing pause; it never spins. A lost connection is retried with backoff; the first call
   that gets through again (a claim or a report) ends every other call's pause (Outage).
@@ -31,16 +31,16 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from ..queue import Job, QueueClient, QueueUnavailable
+from ..queue.owners import JobOwners
+from ..registry import Registry, registry
+from ..settings import Settings
 from .backoff import MAX_OUTAGE_PAUSE, Backoff, Outage
 from .completions import Completions, ResultRefused
 from .health import log_health
 from .job_runner import JobRunner
 from .leases import LeaseKeeper
 from .metrics import WorkerMetrics
-from .owners import JobOwners
-from .queue_client import Job, QueueClient, QueueUnavailable
-from .registry import Registry, registry
-from .settings import Settings
 from .tracing import read_traceparents, start_tracing
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ class Worker:
         self.metrics = metrics or WorkerMetrics()
         # Spans for handler runs when WORKER_TRACING=on: see tracing.py.
         self._tracing = start_tracing() if settings.tracing else None
-        # The kinds open to the app's users, and the owners of their jobs: see owners.py.
+        # The kinds open to the app's users, and the owners of their jobs: see queue/owners.py.
         self._owners = JobOwners(queue)
         # Built when the first run() or drain() starts: see _Machinery.
         self._machinery: _Machinery | None = None
@@ -309,7 +309,7 @@ class Worker:
 
     async def _checkin(self, kinds: list[str]) -> None:
         """Tell the database which kinds this worker claims, and learn which kinds are open
-        to the app's users (owners.py); never stops the worker."""
+        to the app's users (queue/owners.py); never stops the worker."""
         self._next_checkin = time.monotonic() + _CHECKIN_INTERVAL
         await self._owners.refresh()
         try:
