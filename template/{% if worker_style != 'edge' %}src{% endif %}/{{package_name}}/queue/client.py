@@ -161,13 +161,14 @@ class QueueClient(QueueFunctions):
         *,
         kinds: list[str],
         queue: str,
-        lease_seconds: int,
+        lease_seconds: int | None = None,
     ) -> list[Job]:
         """Mark the `done` jobs done, storing their results (passing over any whose token is
         stale, silently), and lease up to max_jobs runnable jobs of these kinds on a queue to
-        `worker`, in one call and one transaction; jobs of other kinds stay queued for the
-        workers that handle them. max_jobs 0 only completes. A result the database measures
-        over max_result_bytes raises TooLarge, and nothing is completed or claimed."""
+        `worker` for `lease_seconds` (None: the lease configured in the database), in one call
+        and one transaction; jobs of other kinds stay queued for the workers that handle them.
+        max_jobs 0 only completes. A result the database measures over max_result_bytes
+        raises TooLarge, and nothing is completed or claimed."""
 
     @abstractmethod
     async def complete(self, job: Job, result: JsonText | None = None) -> bool:
@@ -191,9 +192,10 @@ class QueueClient(QueueFunctions):
         when the token is stale."""
 
     @abstractmethod
-    async def heartbeat_many(self, jobs: list[Job], lease_seconds: int) -> set[int]:
-        """Extend the leases of the claims that hold `jobs` (one renewal per claim, in one
-        call); the ids of those still running. A job left out has ended under its token (it
+    async def heartbeat_many(self, jobs: list[Job], lease_seconds: int | None = None) -> set[int]:
+        """Extend the leases of the claims that hold `jobs` by `lease_seconds` from now (None:
+        the lease configured in the database), one renewal per claim, in one call; the ids of
+        those still running. A job left out has ended under its token (it
         was cancelled, or its lease ran out and the sweeper took it back): stop it."""
 
     @abstractmethod

@@ -36,12 +36,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ..queue import Done, Job, JsonText, QueueClient, Refused, TooLarge
+from ..queue import Done, Job, JsonText, Refused, TooLarge
 from ..queue.results import STORE_ELSEWHERE
-from .backoff import Outage
+from .context import WorkerContext
 from .failures import report_failure
 from .logs import job_fields, ms_since
-from .metrics import WorkerMetrics
 from .reports import report
 
 log = logging.getLogger(__name__)
@@ -65,18 +64,8 @@ class ResultRefused(Exception):
 
 
 class Completions:
-    def __init__(
-        self,
-        queue: QueueClient,
-        lease_seconds: int,
-        metrics: WorkerMetrics,
-        outage: Outage | None = None,
-    ) -> None:
-        self._queue = queue
-        self._lease_seconds = lease_seconds
-        self._metrics = metrics
-        # Shared with the claim loop: reports through an outage go when any call gets through.
-        self._outage = outage or Outage()
+    def __init__(self, context: WorkerContext) -> None:
+        self._context = context
         self._pending: list[_Done] = []
         # Successes of a claim the database refused for a result: sent alone, at once.
         self._alone: list[_Done] = []
@@ -173,13 +162,9 @@ class Completions:
         )
 
     async def _send_plain(self, batch: list[_Done]) -> None:
-        jobs = [entry.done.job for entry in batch]
+        jobs, queue = [entry.done.job for entry in batch], self._context.queue
         try:
-            completed = await report(
-                lambda: self._queue.complete_many(jobs),
-                give_up_after=self._lease_seconds,
-                outage=self._outage,
-            )
+            completed = await report(lambda: queue.complete_many(jobs), self._context)
         except Exception as exc:
             log.error(
                 "job outcomes not recorded; the sweeper will retry the jobs when their leases end",
@@ -190,28 +175,15 @@ class Completions:
         self._record(batch, set(completed or ()))
 
     async def _send_result(self, entry: _Done) -> None:
-        job, result = entry.done.job, entry.done.result
+        job, result, queue = entry.done.job, entry.done.result, self._context.queue
         try:
-            completed = await report(
-                lambda: self._queue.complete(job, result),
-                give_up_after=self._lease_seconds,
-                outage=self._outage,
-            )
+            completed = await report(lambda: queue.complete(job, result), self._context)
         except Refused as exc:
             # Over max_result_bytes as the database measures it: the job fails for good.
             error = f"the database refused the result: {exc}"
             if isinstance(exc, TooLarge):
                 error = f"{exc.message}: {STORE_ELSEWHERE}"
-            await report_failure(
-                self._queue,
-                job,
-                error,
-                retryable=False,
-                started=entry.started,
-                metrics=self._metrics,
-                lease_seconds=self._lease_seconds,
-                outage=self._outage,
-            )
+            await report_failure(self._context, job, error, retryable=False, started=entry.started)
             return
         except Exception as exc:
             log.error(
@@ -225,12 +197,12 @@ class Completions:
     def _record(self, batch: list[_Done], completed: set[int] | None) -> None:
         """Count and log the jobs of `batch`, reported; `completed`: the ids the queue said it
         completed, None when it does not say."""
-        jobs = [entry.done.job for entry in batch]
+        jobs, metrics = [entry.done.job for entry in batch], self._context.metrics
         if completed is None:
-            self._metrics.finished(jobs, "done")
+            metrics.finished(jobs, "done")
         else:
-            self._metrics.finished([job for job in jobs if job.id in completed], "done")
-            self._metrics.finished([job for job in jobs if job.id not in completed], "lost")
+            metrics.finished([job for job in jobs if job.id in completed], "done")
+            metrics.finished([job for job in jobs if job.id not in completed], "lost")
         if not log.isEnabledFor(logging.INFO):
             return
         for entry in batch:

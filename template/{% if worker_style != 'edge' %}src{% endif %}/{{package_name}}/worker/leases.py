@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from ..queue import Job, QueueClient
+from ..queue import Job
+from .context import WorkerContext
 from .logs import describe_exception
 
 log = logging.getLogger(__name__)
@@ -36,9 +37,9 @@ class _Lease:
 
 
 class LeaseKeeper:
-    def __init__(self, queue: QueueClient, lease_seconds: int) -> None:
-        self._queue = queue
-        self._lease_seconds = lease_seconds
+    def __init__(self, context: WorkerContext) -> None:
+        self._context = context
+        self._lease_seconds = context.lease_seconds
         self._leases: dict[asyncio.Task[None], _Lease] = {}
         self._stopped: dict[asyncio.Task[None], StopReason] = {}
         # Wakes the loop early: for a job due before the time it sleeps until, or for stop().
@@ -114,8 +115,9 @@ class LeaseKeeper:
     async def _renew(self, due: list[tuple[asyncio.Task[None], _Lease]]) -> None:
         sent = time.monotonic()
         try:
-            running = await self._queue.heartbeat_many(
-                [lease.job for _, lease in due], self._lease_seconds
+            # WORKER_LEASE_SECONDS, or None: the database's own (the one in the context)
+            running = await self._context.queue.heartbeat_many(
+                [lease.job for _, lease in due], self._context.settings.lease_seconds
             )
         except Exception as exc:  # QueueUnavailable, or the queue refusing the call
             log.warning(

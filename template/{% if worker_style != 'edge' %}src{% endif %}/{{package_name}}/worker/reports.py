@@ -10,7 +10,8 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from ..queue import QueueUnavailable
-from .backoff import Backoff, Outage
+from .backoff import Backoff
+from .context import WorkerContext
 
 log = logging.getLogger(__name__)
 
@@ -21,16 +22,14 @@ T = TypeVar("T")
 MAX_REPORT_PAUSE = 1.0
 
 
-async def report(
-    call: Callable[[], Awaitable[T]], *, give_up_after: float, outage: Outage | None = None
-) -> T | None:
-    """Tell the queue what happened (`call()`), retrying through an outage for up to
-    `give_up_after` seconds (one lease: after that the sweeper has taken the job back anyway).
-    Between tries it pauses at most MAX_REPORT_PAUSE, and no longer than until another call
-    through `outage` gets through. None if it never got through."""
-    outage = outage or Outage()
+async def report(call: Callable[[], Awaitable[T]], context: WorkerContext) -> T | None:
+    """Tell the queue what happened (`call()`), retrying through an outage for up to one lease
+    (after that the sweeper has taken the job back anyway). Between tries it pauses at most
+    MAX_REPORT_PAUSE, and no longer than until another of the worker's calls gets through
+    (context.outage). None if it never got through."""
+    outage = context.outage
     backoff = Backoff(0.2, MAX_REPORT_PAUSE)
-    deadline = time.monotonic() + give_up_after
+    deadline = time.monotonic() + context.lease_seconds
     while True:
         try:
             result = await call()
