@@ -20,11 +20,17 @@ was completed or claimed, and the claim's jobs are sent alone at once (ResultRef
 claim loop to claim again): only the job whose result is refused fails, with the database's
 measure as its error.
 
-complete_many() and complete() answer which jobs they completed, so a job whose lease had been
-taken back meanwhile is counted and logged as lost; complete_and_claim() passes over a stale
-token silently, so the jobs it carries are counted done. Jobs whose claim fails go to run(),
-which retries them through an outage as every report does (reports.report()): at once when
-the worker's claim gets through again.
+Through an outage a success is retried until the database answers (reports.report()): at
+once when the worker's claim gets through again, however long after its job's lease ran out,
+since the database takes it until a sweep takes the job back. complete_many() and complete()
+answer which jobs they completed, so each success is logged as what it came to: `job.done`;
+`job.done_late` when it landed after its job's lease ran out (before any sweep); and
+`job.done_refused` when the job had been taken back (the sweeper rescued it, or it was
+cancelled) and the success was not recorded: counted lost, the job runs again. A success whose
+lease runs out within LATE seconds never rides along with a claim, which would pass over a
+stale token silently; it goes alone. When the worker stops before the queue is back (after its
+shutdown grace), the successes still waiting are logged `job.unreported`: the sweeper takes
+their jobs back when their leases run out, and they run again.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from ..queue.results import STORE_ELSEWHERE
 from .context import WorkerContext
 from .failures import report_failure
 from .logs import job_fields, ms_since
-from .reports import report
+from .reports import NotReported, report
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +55,8 @@ log = logging.getLogger(__name__)
 BATCH = 500
 # How long a success waits for a claim to carry it before it is sent alone, in seconds.
 RIDE_ALONG = 0.05
+# A success whose lease runs out within this many seconds goes alone, not with a claim.
+LATE = 1.0
 
 
 @dataclass
@@ -56,6 +64,7 @@ class _Done:
     done: Done
     started: float  # when its handler started (time.monotonic())
     added: float  # when it was handed in (time.monotonic())
+    lease_ends: float  # when its job's lease runs out (time.monotonic())
 
 
 class ResultRefused(Exception):
@@ -79,10 +88,19 @@ class Completions:
         """How many successes wait to be reported."""
         return len(self._pending) + len(self._alone)
 
-    def add(self, job: Job, started: float, result: JsonText | None = None) -> None:
+    def add(
+        self,
+        job: Job,
+        started: float,
+        result: JsonText | None = None,
+        lease_ends: float | None = None,
+    ) -> None:
         """Report `job` (whose handler started at `started`, a time.monotonic() reading) done,
-        with its `result` (checked by queue/results.py)."""
-        self._pending.append(_Done(Done(job, result), started, time.monotonic()))
+        with its `result` (checked by queue/results.py); its lease runs out at `lease_ends`
+        (default: a whole lease from now)."""
+        now = time.monotonic()
+        ends = now + self._context.lease_seconds if lease_ends is None else lease_ends
+        self._pending.append(_Done(Done(job, result), started, now, ends))
         if not self._claims_expected or len(self._pending) == 1:
             self._changed.set()
 
@@ -100,6 +118,12 @@ class Completions:
         alone if it raises. If the database refused one of their results, they are sent
         alone at once, and ResultRefused is raised instead."""
         batch, self._pending[:BATCH] = self._pending[:BATCH], []
+        soon = time.monotonic() + LATE
+        if late := [entry for entry in batch if entry.lease_ends <= soon]:
+            # complete_and_claim() would pass over a stale token silently: alone, they say.
+            batch = [entry for entry in batch if entry.lease_ends > soon]
+            self._alone.extend(late)
+            self._changed.set()
         try:
             yield [entry.done for entry in batch]
         except Refused as exc:
@@ -165,6 +189,9 @@ class Completions:
         jobs, queue = [entry.done.job for entry in batch], self._context.queue
         try:
             completed = await report(lambda: queue.complete_many(jobs), self._context)
+        except NotReported as exc:
+            self._unreported(batch, exc)
+            return
         except Exception as exc:
             log.error(
                 "job outcomes not recorded; the sweeper will retry the jobs when their leases end",
@@ -172,7 +199,7 @@ class Completions:
                 extra={"event": "job.unrecorded", "job_ids": [job.id for job in jobs]},
             )
             return
-        self._record(batch, set(completed or ()))
+        self._record(batch, set(completed))
 
     async def _send_result(self, entry: _Done) -> None:
         job, result, queue = entry.done.job, entry.done.result, self._context.queue
@@ -184,6 +211,9 @@ class Completions:
             if isinstance(exc, TooLarge):
                 error = f"{exc.message}: {STORE_ELSEWHERE}"
             await report_failure(self._context, job, error, retryable=False, started=entry.started)
+            return
+        except NotReported as exc:
+            self._unreported([entry], exc)
             return
         except Exception as exc:
             log.error(
@@ -203,16 +233,41 @@ class Completions:
         else:
             metrics.finished([job for job in jobs if job.id in completed], "done")
             metrics.finished([job for job in jobs if job.id not in completed], "lost")
-        if not log.isEnabledFor(logging.INFO):
-            return
+        info, now = log.isEnabledFor(logging.INFO), time.monotonic()
         for entry in batch:
-            job = entry.done.job
-            ok = completed is None or job.id in completed
-            log.info(
-                "job done" if ok else "job done, but its lease had been lost",
+            refused = completed is not None and entry.done.job.id not in completed
+            late = now > entry.lease_ends
+            if refused or late or info:
+                _log_done(entry, refused=refused, late=late)
+
+    def _unreported(self, batch: list[_Done], exc: NotReported) -> None:
+        """The worker stopped before the queue took these successes: say so, job by job."""
+        for entry in batch:
+            log.error(
+                "job done, but not reported: the worker stopped while the queue was unavailable;"
+                " the sweeper takes the job back when its lease runs out, and it runs again",
                 extra={
-                    "event": "job.done",
+                    "event": "job.unreported",
+                    "cause": str(exc),
                     "duration_ms": ms_since(entry.started),
-                    **job_fields(job),
+                    **job_fields(entry.done.job),
                 },
             )
+
+
+def _log_done(entry: _Done, *, refused: bool, late: bool) -> None:
+    fields = {"duration_ms": ms_since(entry.started), **job_fields(entry.done.job)}
+    if refused:
+        log.warning(
+            "job done, but the queue refused its success: the job had been taken back (its "
+            "lease ran out and the sweeper rescued it, or it was cancelled); it runs again "
+            "unless it was cancelled",
+            extra={"event": "job.done_refused", **fields},
+        )
+    elif late:
+        log.warning(
+            "job done, reported late: after its lease ran out, before any sweep took it back",
+            extra={"event": "job.done_late", **fields},
+        )
+    else:
+        log.info("job done", extra={"event": "job.done", **fields})

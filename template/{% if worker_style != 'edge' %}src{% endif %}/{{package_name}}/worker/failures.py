@@ -12,7 +12,7 @@ from ..queue import Job
 from .context import WorkerContext
 from .logs import job_fields, ms_since
 from .metrics import Outcome
-from .reports import report
+from .reports import NotReported, report
 
 log = logging.getLogger(__name__)
 
@@ -27,9 +27,9 @@ async def report_failure(
     shown: str | None = None,
 ) -> None:
     """Record a failed attempt of `job` (its handler started at `started`, a time.monotonic()
-    reading) with `error`; counted retried, dead, or lost when its token was stale. With
-    `shown`, the job fails for good and `shown` is the message its owner reads in my_jobs."""
-
+    reading) with `error`; counted retried, dead, or lost when its token was stale (the job
+    was taken back). With `shown`, the job fails for good and `shown` is the message its owner
+    reads in my_jobs."""
     queue = context.queue
 
     async def fail() -> str | None:
@@ -37,7 +37,15 @@ async def report_failure(
             return await queue.fail_user_facing(job.id, job.lock_token, shown)
         return await queue.fail(job, error, retryable=retryable)
 
-    status = await report(fail, context)
+    try:
+        status = await report(fail, context)
+    except NotReported as exc:
+        log.error(
+            "job failed, but not reported: the worker stopped while the queue was unavailable; "
+            "the sweeper takes the job back when its lease runs out",
+            extra={"event": "job.unreported", "error": error, "cause": str(exc), **job_fields(job)},
+        )
+        return
     outcome: Outcome = "retried" if status == "queued" else "dead" if status == "failed" else "lost"
     context.metrics.finished([job], outcome)
     log.log(

@@ -34,7 +34,7 @@ from .context import WorkerContext
 from .failures import report_failure
 from .leases import LeaseKeeper, StopReason
 from .logs import describe_exception, job_fields, ms_since
-from .reports import report
+from .reports import NotReported, report
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ class JobRunner:
             except NotStorable as exc:
                 await self._fail(job, str(exc), retryable=False, started=started)
                 return
-        self.completions.add(job, started, result)
+        self.completions.add(job, started, result, self.keeper.lease_ends(asyncio.current_task()))
 
     async def _stopped(
         self, job: Job, reason: StopReason, registration: Registration, started: float
@@ -189,7 +189,15 @@ class JobRunner:
     async def _release(self, job: Job) -> None:
         """Hand a job still running at shutdown back to the queue, so another worker runs it
         now (its attempt not counted)."""
-        released = await report(lambda: self.context.queue.release(job), self.context)
+        try:
+            released = await report(lambda: self.context.queue.release(job), self.context)
+        except NotReported as exc:
+            log.warning(
+                "job not released at shutdown: the queue was unavailable; the sweeper takes it "
+                "back when its lease runs out",
+                extra={"event": "job.unreported", "cause": str(exc), **job_fields(job)},
+            )
+            return
         self.context.metrics.finished([job], "released")
         log.warning(
             "job released at shutdown",

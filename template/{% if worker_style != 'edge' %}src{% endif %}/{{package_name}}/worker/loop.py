@@ -97,6 +97,8 @@ class Worker:
         """Stop claiming; run() / drain() then finish or release the jobs they hold."""
         if not self._stopping.is_set():
             log.info("stopping", extra={"event": "worker.stop", "running": len(self._running)})
+            # Reports still waiting out an outage get the shutdown grace, then give up.
+            self._outage.stop(self._settings.shutdown_grace)
         self._stopping.set()
         self._changed.set()
 
