@@ -283,21 +283,39 @@ def latency_figures(
 # Child side: one worker process.
 
 
+def module(package: str, *names: str) -> ModuleType:
+    """The first of `names` (modules of the generated package, newest layout first) that
+    `package` has: projects generated since 1.3.0 keep the queue client in queue/ and the
+    worker's machinery in worker/; older ones had every module at the package's top."""
+    for name in names:
+        try:
+            found = importlib.util.find_spec(f"{package}.{name}")
+        except ModuleNotFoundError:  # its parent is a module, not a package
+            found = None
+        if found is not None:
+            return importlib.import_module(f"{package}.{name}")
+    raise RuntimeError(f"{package} has none of the modules {', '.join(names)}")
+
+
 def transport_module(package: str) -> ModuleType:
     """The generated package's transport module (postgres_transport or supabase_transport),
     whose open_queue() connects to the queue."""
-    for name in ("postgres_transport", "supabase_transport"):
-        if importlib.util.find_spec(f"{package}.{name}") is not None:
-            return importlib.import_module(f"{package}.{name}")
-    raise RuntimeError(f"{package} has no transport module")
+    return module(
+        package,
+        "queue.postgres_transport",
+        "queue.supabase_transport",
+        "postgres_transport",
+        "supabase_transport",
+    )
 
 
 def run_on_worker_loop(package: str, main: Coroutine[Any, Any, T]) -> T:
     """Run `main` on the event loop the generated worker's own command runs on (uvloop where
-    installed): `package`'s run_until_complete, in event_loop.py (in worker.py in projects
-    generated before it had a module of its own)."""
-    home = "event_loop" if importlib.util.find_spec(f"{package}.event_loop") else "worker"
-    return importlib.import_module(f"{package}.{home}").run_until_complete(main)
+    installed): `package`'s run_until_complete, in worker/event_loop.py (event_loop.py before
+    1.3.0, worker.py in projects generated before it had a module of its own)."""
+    home = module(package, "worker.event_loop", "event_loop", "worker")
+    result: T = home.run_until_complete(main)
+    return result
 
 
 async def _child(mode: str, package: str) -> None:
@@ -305,7 +323,7 @@ async def _child(mode: str, package: str) -> None:
     registry = importlib.import_module(f"{package}.registry")
     settings_module = importlib.import_module(f"{package}.settings")
     worker_module = importlib.import_module(f"{package}.worker")
-    importlib.import_module(f"{package}.logs").configure(os.environ.get("LOG_LEVEL", "WARNING"))
+    module(package, "worker.logs", "logs").configure(os.environ.get("LOG_LEVEL", "WARNING"))
 
     settings = settings_module.Settings.from_env()
     queue = await transport.open_queue(settings)

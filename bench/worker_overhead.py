@@ -166,11 +166,11 @@ class InMemoryQueue:
 
 
 async def _drain_child(package: str, jobs: int) -> dict[str, float]:
-    queue_client = importlib.import_module(f"{package}.queue_client")
+    queue_client = generated_worker.module(package, "queue.client", "queue_client")
     registry = importlib.import_module(f"{package}.registry")
     settings = importlib.import_module(f"{package}.settings").Settings.from_env()
     worker_module = importlib.import_module(f"{package}.worker")
-    importlib.import_module(f"{package}.logs").configure("WARNING")
+    generated_worker.module(package, "worker.logs", "logs").configure("WARNING")
     queue = InMemoryQueue(queue_client.Job, jobs)
     worker = worker_module.Worker(queue, settings, registry.load_handlers())
     cpu = time.process_time()

@@ -1,6 +1,6 @@
 """The HTTP worker's connections: one whose request does not all come in within
 WORKER_REQUEST_TIMEOUT (10 s by default) is closed, while real wake-ups are still served; one
-opened while WORKER_MAX_CONNECTIONS are open is refused at once (http_server.py).
+opened while WORKER_MAX_CONNECTIONS are open is refused at once (worker/http_server.py).
 
 The attack is a real slowloris on the loopback: hundreds of connections that send part of a
 request head and then nothing, or a byte a second, as long as the worker lets them."""

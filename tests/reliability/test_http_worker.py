@@ -23,7 +23,7 @@ from tests.support.wake_signing import secret_for, signed
 from .conftest import HTTP, Fleet
 from .harness import executions, figures
 
-MAX_BODY_BYTES = 64 * 1024  # app.py's limit
+MAX_BODY_BYTES = 64 * 1024  # worker/app.py's limit
 KEY = secret_for("wake-secret-of-the-reliability-suite-0123")
 SIGNATURE_HEADERS = ("webhook-id", "webhook-timestamp", "webhook-signature")
 

@@ -217,10 +217,10 @@ def test_update_to_another_transport_renders_the_new_variant(
     template: Path, tmp_path: Path
 ) -> None:
     project = render_repo(template, tmp_path / "app", "generated with the supabase transport")
-    assert (project / "src/my_app/supabase_transport.py").exists()
+    assert (project / "src/my_app/queue/supabase_transport.py").exists()
     update(project, "HEAD", claim_transport="postgres")
-    assert not (project / "src/my_app/supabase_transport.py").exists()
-    assert (project / "src/my_app/postgres_transport.py").exists()
+    assert not (project / "src/my_app/queue/supabase_transport.py").exists()
+    assert (project / "src/my_app/queue/postgres_transport.py").exists()
     pyproject = (project / "pyproject.toml").read_text()
     assert "psycopg" in pyproject and '"supabase' not in pyproject
     assert "claim_transport: postgres" in (project / ".copier-answers.yml").read_text()
@@ -264,7 +264,7 @@ def test_switching_to_a_style_the_database_posts_to_asks_the_wake_up_questions(
             conflict="rej",
         )
     assert sorted(asked) == ["service_key_setting", "worker_url", "worker_url_setting"]
-    assert (project / "src/my_app/app.py").exists(), "the HTTP worker"
+    assert (project / "src/my_app/worker/app.py").exists(), "the HTTP worker"
     assert not [p for p in rendered_files(project) if p.suffix == ".rej"]
     url = "http://host.docker.internal:8000/wake"
     assert recorded_answers(project) | WAKE_UP_DEFAULTS == recorded_answers(project)
@@ -282,7 +282,7 @@ def test_switching_to_the_python_style_gives_the_wake_up_answers_their_defaults(
     )
     generated = set((project / MIGRATIONS_DIR).iterdir())
     update(project, "HEAD", worker_style="python")
-    assert not (project / "src/my_app/app.py").exists()
+    assert not (project / "src/my_app/worker/app.py").exists()
     assert not [p for p in rendered_files(project) if p.suffix == ".rej"]
     assert not WAKE_UP_DEFAULTS.keys() & recorded_answers(project).keys()
     assert "worker_url" not in recorded_answers(project)

@@ -93,7 +93,7 @@ def test_the_supabase_py_examples_type_check(installed: Installed, tmp_path: Pat
 
 @pytest.mark.parametrize("installed", [variant("python", "postgres")], indirect=True, ids=str)
 def test_a_wrong_python_example_fails_naming_its_page(installed: Installed, tmp_path: Path) -> None:
-    first = "from my_app.queue_client import QueueClient\nqueue: QueueClient\n"
+    first = "from my_app.queue import QueueClient\nqueue: QueueClient\n"
     wrong = Example(
         "docs/x.md", 12, "await queue.enqueue_job('send_email', {})\n", f"first {first}"
     )

@@ -21,18 +21,21 @@ from tests.support.workflow import run_step, runner_env, step, supabase_status
 
 def test_only_the_variants_files_are_rendered(installed: Installed) -> None:
     package = installed.path / "src" / PACKAGE
-    modules = {p.name for p in package.glob("*.py")}
-    transports = {"postgres_transport.py", "supabase_transport.py"}
-    assert modules & transports == {f"{installed.transport}_transport.py"}
-    assert ("app.py" in modules) == installed.http
+    transports = {p.name for p in (package / "queue").glob("*_transport.py")}
+    assert transports == {f"{installed.transport}_transport.py"}
+    assert (package / "worker" / "app.py").exists() == installed.http
     assert (installed.path / "tests" / "test_app.py").exists() == installed.http
     assert {"send_webhook.py", "send_email.py", "README.md"} <= {
         p.name for p in (package / "handlers").iterdir()
     }
-    for path in package.glob("*.py"):
-        if path.name not in {"__init__.py", "__main__.py"} and path.parent == package:
-            first = path.read_text().splitlines()[0]
-            assert first.startswith("# Worker machinery:"), f"{path.name}: {first}"
+    # The machinery says so in its first line; the user's code (handlers/) does not.
+    for path in package.rglob("*.py"):
+        name = path.relative_to(package).as_posix()
+        first = path.read_text().splitlines()[0]
+        if name.startswith("handlers/") or name in {"__init__.py", "__main__.py"}:
+            assert "machinery" not in first, f"{name}: {first}"
+        else:
+            assert "machinery" in first and "should not need to edit" in first, f"{name}: {first}"
 
 
 def test_edge_variant_has_no_python_worker(template: Path, tmp_path: Path) -> None:
@@ -211,11 +214,11 @@ def test_mypy_is_strict_on_the_machinery_only(installed: Installed, tmp_path: Pa
     (package / "handlers" / "loose.py").write_text(f'"""Without type hints."""{UNTYPED}')
     run([installed.bin("mypy")], cwd=project)  # handlers/ is the user's: not strict
 
-    worker = package / "worker.py"
+    worker = package / "worker" / "loop.py"
     worker.write_text(worker.read_text() + UNTYPED)
     proc = subprocess.run([installed.bin("mypy")], cwd=project, capture_output=True, text=True)
     assert proc.returncode == 1, proc.stdout
-    assert "worker.py:" in proc.stdout and "missing a type annotation" in proc.stdout
+    assert "loop.py:" in proc.stdout and "missing a type annotation" in proc.stdout
 
 
 def test_pip_installs_the_project_too(template: Path, tmp_path: Path) -> None:

@@ -144,12 +144,12 @@ def test_cli_opens_and_closes_kinds_to_users(
     assert "max_per_user must be 1 to 10000 queued or running jobs, got 0" in refused.stderr
 
 
-# What owners.py does with the kinds it read: run on pytest's interpreter, with a stand-in for
+# What queue/owners.py does with the kinds it read: run on pytest's interpreter, with a stand-in for
 # the queue client that counts its calls.
 OWNERS_SCRIPT = """
 import asyncio, json
 from types import SimpleNamespace as Job
-from my_app.owners import JobOwners
+from my_app.queue.owners import JobOwners
 
 class Queue:
     def __init__(self):

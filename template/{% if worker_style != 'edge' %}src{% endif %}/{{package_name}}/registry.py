@@ -6,7 +6,7 @@
 
 The payload model is the annotation of the handler's first parameter; the worker validates
 the job's payload with it before the handler runs (describe_validation_error() words what
-does not fit). What the handler returns becomes the job's result (results.py).
+does not fit). What the handler returns becomes the job's result (queue/results.py).
 """
 
 from __future__ import annotations

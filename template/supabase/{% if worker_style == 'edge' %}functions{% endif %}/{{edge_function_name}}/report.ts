@@ -4,6 +4,8 @@
 // deadline or the function's unloading is released. The database measures a result as it
 // stores it and may refuse one: then the jobs with a result are completed one at a time and
 // the refused ones failed. The size limit for results is read once, when the first comes.
+// Completions the database could not be reached for are tried again until it answers or the
+// isolate is about to end: it takes them until a sweep takes their jobs back.
 import { PermanentError, UserFacingError } from "./job.ts";
 import {
   type ClaimedJob,
@@ -14,7 +16,12 @@ import {
   type WorkerQueue,
 } from "./queue.ts";
 import { describe, describeJob, type Outcome, ResultError } from "./run_job.ts";
+import type { Clock } from "./clock.ts";
 import type { LogEvent } from "./log.ts";
+
+/** The pauses between tries of completions the database could not be reached for (the last
+ * repeats). */
+const RETRY_PAUSES_MS = [200, 400, 800, 1000];
 
 /** What a drain's reports came to, job by job. */
 export interface ReportCounts {
@@ -49,6 +56,8 @@ export interface ReporterOptions {
   log: (event: LogEvent) => void;
   /** A signal for one Data API call. */
   callSignal: () => AbortSignal;
+  /** The drain's clock: the pauses between tries of completions go by it. */
+  clock: Clock;
 }
 
 /** A call to complete_and_claim() that sends `done` along; what it returns is passed on. */
@@ -57,6 +66,8 @@ export type CompletingCall<T> = (done: readonly DoneJob[]) => Promise<T>;
 export class Reporter {
   // Jobs that ran to the end, not yet reported: the next call takes them along.
   private finished: DoneJob[] = [];
+  // When each finished job's lease runs out, by id, on the drain's clock.
+  private readonly leaseEnds = new Map<number, number>();
   // The largest result the database stores, read when a job first returns one.
   private resultLimit: Promise<number> | undefined;
   private readonly options: ReporterOptions;
@@ -71,9 +82,13 @@ export class Reporter {
    * Reports a batch's outcomes: the jobs that ran to the end wait for the next call; a job cut
    * off is released when `releaseCut()` says so (the deadline or the unloading cut it), and
    * failed otherwise (it outlived its lease), like one that threw. Returns how many ran to
-   * the end.
+   * the end. The batch's lease runs out at `leaseEnd` (on the drain's clock).
    */
-  async record(outcomes: readonly Outcome[], releaseCut: () => boolean): Promise<number> {
+  async record(
+    outcomes: readonly Outcome[],
+    releaseCut: () => boolean,
+    leaseEnd: number,
+  ): Promise<number> {
     // One failure at a time: each one is a single small UPDATE, and they are rare.
     const done: DoneJob[] = [];
     for (const outcome of outcomes) {
@@ -82,6 +97,7 @@ export class Reporter {
       else await this.fail(outcome.job, outcome.error);
     }
     this.finished.push(...done);
+    for (const { job } of done) this.leaseEnds.set(job.id, leaseEnd);
     return done.length;
   }
 
@@ -105,26 +121,39 @@ export class Reporter {
     // the call went through after all).
     this.counts.completed += this.finished.length;
     this.finished = [];
+    this.leaseEnds.clear();
     return answer;
   }
 
   /**
    * Sends the completions that no claim took along (the drain stopped after their batch),
-   * with `call`; if that fails, they are counted as unreported and logged.
+   * with `call`. When the database cannot be reached, they are tried again, each with
+   * complete(), which says whether the database took it, until it answers or `until` (on the
+   * drain's clock) comes: it takes a completion until a sweep takes the job back, even after
+   * its lease ran out. Each is logged as what it came to: `job.done_late` (after its lease
+   * ran out), `job.done_refused` (its job taken back: it runs again), or `job.unreported`
+   * (counted unreported: the sweeper takes its job back when its lease runs out).
    */
-  async completeRest(call: CompletingCall<unknown>): Promise<void> {
+  async completeRest(call: CompletingCall<unknown>, until: number): Promise<void> {
     if (this.finished.length === 0) return;
+    let failure: unknown;
     try {
-      await this.completeWith(call);
+      return void await this.completeWith(call);
     } catch (error) {
-      this.counts.unreported += this.finished.length;
-      this.options.log({
-        event: "queue.error",
-        call: "complete_and_claim",
-        jobs: this.finished.map(({ job }) => job.id),
-        error: describe(error),
-      });
+      failure = error;
     }
+    const clock = this.options.clock;
+    for (let tries = 0; this.finished.length > 0 && unreachable(failure); tries++) {
+      const pause = RETRY_PAUSES_MS[Math.min(tries, RETRY_PAUSES_MS.length - 1)];
+      if (clock.now() + pause >= until) break;
+      await clock.sleep(pause);
+      try {
+        await this.completeEach();
+      } catch (error) {
+        failure = error;
+      }
+    }
+    if (this.finished.length > 0) this.unreported(failure);
   }
 
   /** Hands the job back to the queue, its attempt not counted. */
@@ -186,6 +215,45 @@ export class Reporter {
       });
   }
 
+  /** Completes each finished job with complete(), logging a late or refused one as such. */
+  private async completeEach(): Promise<void> {
+    for (const done of [...this.finished]) {
+      let taken: boolean;
+      try {
+        taken = await this.options.queue.complete(done.job, done.result, this.options.callSignal());
+      } catch (error) {
+        if (!isTooBig(error)) throw error;
+        this.finished = this.finished.filter((other) => other !== done);
+        await this.fail(done.job, tooBig(error));
+        continue;
+      }
+      this.finished = this.finished.filter((other) => other !== done);
+      if (!taken) {
+        this.counts.stale += 1;
+        this.options.log({ event: "job.done_refused", ...describeJob(done.job) });
+        continue;
+      }
+      this.counts.completed += 1;
+      if (this.options.clock.now() > (this.leaseEnds.get(done.job.id) ?? Infinity)) {
+        this.options.log({ event: "job.done_late", ...describeJob(done.job) });
+      }
+    }
+  }
+
+  private unreported(error: unknown): void {
+    this.counts.unreported += this.finished.length;
+    this.options.log({
+      event: "queue.error",
+      call: "complete_and_claim",
+      jobs: this.finished.map(({ job }) => job.id),
+      error: describe(error),
+    });
+    for (const { job } of this.finished) {
+      this.options.log({ event: "job.unreported", ...describeJob(job) });
+    }
+    this.finished = [];
+  }
+
   private async completeOneByOne(): Promise<void> {
     for (const done of this.finished.filter(({ result }) => result !== null)) {
       try {
@@ -193,10 +261,7 @@ export class Reporter {
         this.counts.completed += 1;
       } catch (error) {
         if (!isTooBig(error)) throw error;
-        const refused = new ResultError(
-          `the database refused the handler's result: ${(error as QueueError).reason}`,
-        );
-        await this.fail(done.job, refused);
+        await this.fail(done.job, tooBig(error));
       }
       this.finished = this.finished.filter((other) => other !== done);
     }
@@ -205,4 +270,16 @@ export class Reporter {
 
 function isTooBig(error: unknown): error is QueueError {
   return error instanceof QueueError && error.code === TOO_BIG;
+}
+
+function tooBig(error: QueueError): ResultError {
+  return new ResultError(`the database refused the handler's result: ${error.reason}`);
+}
+
+/**
+ * Did the call fail without the database's answer (the network, a timeout, or PostgREST
+ * unable to reach it: PGRST000-003)? Then it may take the same call later.
+ */
+function unreachable(error: unknown): boolean {
+  return !(error instanceof QueueError) || error.code === "" || /^PGRST00[0-3]$/.test(error.code);
 }

@@ -103,25 +103,6 @@ Deno.test("completions a failed call carried are sent again before the drain end
   assert.equal(summary.unreported, 0);
 });
 
-Deno.test("completions that cannot be sent are counted and logged, with their jobs", async () => {
-  const queue = new MemoryQueue();
-  for (let n = 1; n <= 2; n++) queue.add("ok", { n });
-  queue.beforeCall = (call) => {
-    if (call.done.length > 0) throw new Error("connection reset");
-  };
-  const events: LogEvent[] = [];
-
-  const summary = await drain(["default"], drainOptions(queue, { log: (e) => events.push(e) }));
-
-  assert.deepEqual(queue.byStatus("running"), [1, 2], "the sweeper rescues them");
-  assert.equal(summary.completed, 0);
-  assert.equal(summary.unreported, 2);
-  assert.ok(events.some((e) =>
-    e.event === "queue.error" && e.call === "complete_and_claim" &&
-    JSON.stringify(e.jobs) === "[1,2]"
-  ));
-});
-
 const returning: HandlerMap = {
   echo: defineHandler(z.object({ result: z.json().optional() }), ({ result }) => result),
   big: defineHandler(z.object({ bytes: z.number() }), ({ bytes }) => "x".repeat(bytes - 2)),

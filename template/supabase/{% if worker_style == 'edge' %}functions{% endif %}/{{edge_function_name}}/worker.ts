@@ -81,6 +81,8 @@ export interface Drain {
 const WALL_CLOCK_MARGIN = 0.1;
 /** Time kept back at the end of a lease to report the job before the lease runs out. */
 const LEASE_MARGIN_MS = 2000;
+/** Time kept back at the isolate's end: completions are tried again until then, no later. */
+const REPORT_MARGIN_MS = 1000;
 const DEFAULT_CALL_TIMEOUT_MS = 10_000;
 
 /** Starts draining `queues`; see Drain. */
@@ -146,6 +148,7 @@ class QueueDrain implements Drain {
       counts: this.summary,
       log: this.log,
       callSignal: () => this.callSignal(),
+      clock: this.clock,
     });
     this.checkIn(this.queues);
     this.owners = new JobOwners(options.queue, this.callSignal(), this.log);
@@ -179,7 +182,10 @@ class QueueDrain implements Drain {
     }
     // Part of the drain's work (what the Edge runtime waits for): once that settles, the
     // function may be shut down, and completions not sent by then would be lost.
-    await this.reporter.completeRest((done) => this.call(this.queues[0], 0, done));
+    await this.reporter.completeRest(
+      (done) => this.call(this.queues[0], 0, done),
+      this.isolateEnd - REPORT_MARGIN_MS,
+    );
     await Promise.all(this.checkins);
     this.summary.elapsedMs = Math.round(this.clock.now() - this.started);
     return this.summary;
@@ -328,7 +334,11 @@ class QueueDrain implements Drain {
       jobs.map((job) => runJob(job, signal, limitMs, context)),
     );
     this.cutBatch = undefined;
-    return await this.reporter.record(outcomes, () => cutByDeadline || this.stopped);
+    return await this.reporter.record(
+      outcomes,
+      () => cutByDeadline || this.stopped,
+      batchStarted + leaseMs,
+    );
   }
 
   /**

@@ -1,4 +1,5 @@
 """Your job handlers: one module per job kind, registered with `@handler("kind")`.
 
-Every module in this package is imported when the worker starts; see README.md here.
+This folder is yours: add, change and delete modules freely (the two examples included).
+Every module in it is imported when the worker starts; see README.md here.
 """

@@ -1,4 +1,4 @@
-# Worker machinery: you should not need to edit this file (handlers live in handlers/).
+# Queue client machinery: you should not need to edit this file (handlers live in handlers/).
 """What handlers return and report, as the JSON text the queue stores, checked before it goes.
 
 A handler's return value becomes its job's result, and `job.report_progress(...)` its progress:
@@ -8,7 +8,7 @@ that text's size: a result against max_result_bytes (the queue's configuration, 
 worker starts), progress against 64 KiB. The database measures the jsonb it stores instead,
 which is often larger (every number and small value has a few bytes of overhead), and refuses a
 result over its limit too: then the worker fails that job with the database's measure
-(completions.py).
+(worker/completions.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import re
 
 from pydantic import BaseModel
 
-from .queue_client import JsonText
+from .client import JsonText
 
 # The largest progress the database stores (jobs_progress_size_check).
 MAX_PROGRESS_BYTES = 65536

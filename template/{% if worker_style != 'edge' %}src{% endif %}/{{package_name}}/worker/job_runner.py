@@ -6,7 +6,7 @@ the outcome goes back to the queue: success, with the handler's result, to the b
 completions; a failure to fail() with the error (the queue decides between a retry with
 backoff and the dead letters), a UserFacingError to fail_user_facing() (the job's owner reads
 its message); a job still running at shutdown to release(). A result that
-is not JSON or is over max_result_bytes fails its job for good (results.py). The handler's
+is not JSON or is over max_result_bytes fails its job for good (queue/results.py). The handler's
 progress reports go to the queue as it makes them, with the job's lock token.
 """
 
@@ -20,47 +20,33 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .backoff import Outage
-from .completions import Completions
-from .failures import report_failure
-from .leases import LeaseKeeper, StopReason
-from .logs import describe_exception, job_fields, ms_since
-from .metrics import WorkerMetrics
-from .queue_client import Job, QueueClient, QueueUnavailable
-from .registry import (
+from ..queue import Job, QueueUnavailable
+from ..queue.results import MAX_PROGRESS_BYTES, NotStorable, to_json_text
+from ..registry import (
     JobInfo,
     PermanentError,
     Registration,
     UserFacingError,
     describe_validation_error,
 )
-from .reports import report
-from .results import MAX_PROGRESS_BYTES, NotStorable, to_json_text
-from .tracing import JobTracing
+from .completions import Completions
+from .context import WorkerContext
+from .failures import report_failure
+from .leases import LeaseKeeper, StopReason
+from .logs import describe_exception, job_fields, ms_since
+from .reports import NotReported, report
 
 log = logging.getLogger(__name__)
 
 
 class JobRunner:
-    def __init__(
-        self,
-        queue: QueueClient,
-        keeper: LeaseKeeper,
-        completions: Completions,
-        metrics: WorkerMetrics,
-        lease_seconds: int,
-        max_result_bytes: int,
-        tracing: JobTracing | None = None,
-        outage: Outage | None = None,
-    ) -> None:
-        self._queue = queue
-        self._keeper = keeper
-        self._completions = completions
-        self._metrics = metrics
-        self._lease_seconds = lease_seconds
-        self._max_result_bytes = max_result_bytes
-        self._tracing = tracing
-        self._outage = outage or Outage()
+    """Runs the jobs of one worker, each in a task of its own, with the worker's context; its
+    lease keeper keeps their leases, its completions report their successes."""
+
+    def __init__(self, context: WorkerContext) -> None:
+        self.context = context
+        self.keeper = LeaseKeeper(context)
+        self.completions = Completions(context)
 
     def start(
         self,
@@ -76,12 +62,12 @@ class JobRunner:
         done."""
         run = self._run(job, registration, traceparent, owner)
         task = asyncio.create_task(run, name=f"job-{job.id}")
-        self._keeper.watch(task, job, renew_at, time.monotonic() + registration.timeout)
+        self.keeper.watch(task, job, renew_at, time.monotonic() + registration.timeout)
         return task
 
     def ended(self, task: asyncio.Task[None], job: Job) -> None:
         """`task`, which ran `job`, is done."""
-        self._keeper.forget(task)
+        self.keeper.forget(task)
         if not task.cancelled() and (exc := task.exception()) is not None:
             # _run reports every handler error; this is the queue failing to take one.
             log.error(
@@ -124,7 +110,7 @@ class JobRunner:
             returned = await self._handle(job, registration, payload, info, traceparent)
         except asyncio.CancelledError:
             task = asyncio.current_task()
-            reason = self._keeper.stopped_because(task) if task is not None else None
+            reason = self.keeper.stopped_because(task) if task is not None else None
             if task is None or reason is None:
                 await self._release(job)  # shutdown
                 raise
@@ -143,13 +129,13 @@ class JobRunner:
                 result = to_json_text(
                     returned,
                     what=f"the result of job {job.id} ({job.kind!r})",
-                    limit=self._max_result_bytes,
+                    limit=self.context.max_result_bytes,
                     limit_name="max_result_bytes",
                 )
             except NotStorable as exc:
                 await self._fail(job, str(exc), retryable=False, started=started)
                 return
-        self._completions.add(job, started, result)
+        self.completions.add(job, started, result, self.keeper.lease_ends(asyncio.current_task()))
 
     async def _stopped(
         self, job: Job, reason: StopReason, registration: Registration, started: float
@@ -160,7 +146,7 @@ class JobRunner:
             error = f"TimeoutError: timed out after {registration.timeout:g}s"
             await self._fail(job, error, retryable=True, started=started)
             return
-        self._metrics.finished([job], "lost")
+        self.context.metrics.finished([job], "lost")
         log.error(
             "job stopped: its lease was lost (another attempt owns it now)",
             extra={"event": "job.lost", "duration_ms": ms_since(started), **job_fields(job)},
@@ -177,12 +163,13 @@ class JobRunner:
         """Run the handler (in a span, when tracing is on), and time it whatever its outcome."""
         began = time.monotonic()
         try:
-            if self._tracing is None:
+            tracing = self.context.tracing
+            if tracing is None:
                 return await registration.func(payload, info)
-            with self._tracing.span(job, traceparent):
+            with tracing.span(job, traceparent):
                 return await registration.func(payload, info)
         finally:
-            self._metrics.handler_ran(job, time.monotonic() - began)
+            self.context.metrics.handler_ran(job, time.monotonic() - began)
 
     async def _report_progress(self, job: Job, progress: Any) -> bool:
         """JobInfo.report_progress() of `job`: False when its token is stale. Through an outage
@@ -191,7 +178,7 @@ class JobRunner:
             progress, what=f"the progress of job {job.id}", limit=MAX_PROGRESS_BYTES
         )
         try:
-            return await self._queue.progress(job, text)
+            return await self.context.queue.progress(job, text)
         except QueueUnavailable as exc:
             log.warning(
                 "progress not reported: the queue is unavailable",
@@ -202,12 +189,16 @@ class JobRunner:
     async def _release(self, job: Job) -> None:
         """Hand a job still running at shutdown back to the queue, so another worker runs it
         now (its attempt not counted)."""
-        released = await report(
-            lambda: self._queue.release(job),
-            give_up_after=self._lease_seconds,
-            outage=self._outage,
-        )
-        self._metrics.finished([job], "released")
+        try:
+            released = await report(lambda: self.context.queue.release(job), self.context)
+        except NotReported as exc:
+            log.warning(
+                "job not released at shutdown: the queue was unavailable; the sweeper takes it "
+                "back when its lease runs out",
+                extra={"event": "job.unreported", "cause": str(exc), **job_fields(job)},
+            )
+            return
+        self.context.metrics.finished([job], "released")
         log.warning(
             "job released at shutdown",
             extra={"event": "job.released", "released": bool(released), **job_fields(job)},
@@ -217,15 +208,7 @@ class JobRunner:
         self, job: Job, error: str, shown: str | None = None, *, retryable: bool, started: float
     ) -> None:
         await report_failure(
-            self._queue,
-            job,
-            error,
-            retryable=retryable,
-            started=started,
-            metrics=self._metrics,
-            lease_seconds=self._lease_seconds,
-            outage=self._outage,
-            shown=shown,
+            self.context, job, error, retryable=retryable, started=started, shown=shown
         )
 
 

@@ -14,17 +14,23 @@ long before the lease of its job (no longer renewed) can end.
 
 Results go with their jobs: in complete_and_claim()'s done_results, and alone with one
 complete() per job that has one (jobs without a result go together, with complete_many()).
-The worker checked each result's size (results.py), but the database measures the jsonb it
+The worker checked each result's size (queue/results.py), but the database measures the jsonb it
 stores, and refuses a whole claim whose result it finds over max_result_bytes. Then nothing
 was completed or claimed, and the claim's jobs are sent alone at once (ResultRefused tells the
 claim loop to claim again): only the job whose result is refused fails, with the database's
 measure as its error.
 
-complete_many() and complete() answer which jobs they completed, so a job whose lease had been
-taken back meanwhile is counted and logged as lost; complete_and_claim() passes over a stale
-token silently, so the jobs it carries are counted done. Jobs whose claim fails go to run(),
-which retries them through an outage as every report does (reports.report()): at once when
-the worker's claim gets through again.
+Through an outage a success is retried until the database answers (reports.report()): at
+once when the worker's claim gets through again, however long after its job's lease ran out,
+since the database takes it until a sweep takes the job back. complete_many() and complete()
+answer which jobs they completed, so each success is logged as what it came to: `job.done`;
+`job.done_late` when it landed after its job's lease ran out (before any sweep); and
+`job.done_refused` when the job had been taken back (the sweeper rescued it, or it was
+cancelled) and the success was not recorded: counted lost, the job runs again. A success whose
+lease runs out within LATE seconds never rides along with a claim, which would pass over a
+stale token silently; it goes alone. When the worker stops before the queue is back (after its
+shutdown grace), the successes still waiting are logged `job.unreported`: the sweeper takes
+their jobs back when their leases run out, and they run again.
 """
 
 from __future__ import annotations
@@ -36,13 +42,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .backoff import Outage
+from ..queue import Done, Job, JsonText, Refused, TooLarge
+from ..queue.results import STORE_ELSEWHERE
+from .context import WorkerContext
 from .failures import report_failure
 from .logs import job_fields, ms_since
-from .metrics import WorkerMetrics
-from .queue_client import Done, Job, JsonText, QueueClient, Refused, TooLarge
-from .reports import report
-from .results import STORE_ELSEWHERE
+from .reports import NotReported, report
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +55,8 @@ log = logging.getLogger(__name__)
 BATCH = 500
 # How long a success waits for a claim to carry it before it is sent alone, in seconds.
 RIDE_ALONG = 0.05
+# A success whose lease runs out within this many seconds goes alone, not with a claim.
+LATE = 1.0
 
 
 @dataclass
@@ -57,6 +64,7 @@ class _Done:
     done: Done
     started: float  # when its handler started (time.monotonic())
     added: float  # when it was handed in (time.monotonic())
+    lease_ends: float  # when its job's lease runs out (time.monotonic())
 
 
 class ResultRefused(Exception):
@@ -65,18 +73,8 @@ class ResultRefused(Exception):
 
 
 class Completions:
-    def __init__(
-        self,
-        queue: QueueClient,
-        lease_seconds: int,
-        metrics: WorkerMetrics,
-        outage: Outage | None = None,
-    ) -> None:
-        self._queue = queue
-        self._lease_seconds = lease_seconds
-        self._metrics = metrics
-        # Shared with the claim loop: reports through an outage go when any call gets through.
-        self._outage = outage or Outage()
+    def __init__(self, context: WorkerContext) -> None:
+        self._context = context
         self._pending: list[_Done] = []
         # Successes of a claim the database refused for a result: sent alone, at once.
         self._alone: list[_Done] = []
@@ -90,10 +88,19 @@ class Completions:
         """How many successes wait to be reported."""
         return len(self._pending) + len(self._alone)
 
-    def add(self, job: Job, started: float, result: JsonText | None = None) -> None:
+    def add(
+        self,
+        job: Job,
+        started: float,
+        result: JsonText | None = None,
+        lease_ends: float | None = None,
+    ) -> None:
         """Report `job` (whose handler started at `started`, a time.monotonic() reading) done,
-        with its `result` (checked by results.py)."""
-        self._pending.append(_Done(Done(job, result), started, time.monotonic()))
+        with its `result` (checked by queue/results.py); its lease runs out at `lease_ends`
+        (default: a whole lease from now)."""
+        now = time.monotonic()
+        ends = now + self._context.lease_seconds if lease_ends is None else lease_ends
+        self._pending.append(_Done(Done(job, result), started, now, ends))
         if not self._claims_expected or len(self._pending) == 1:
             self._changed.set()
 
@@ -111,6 +118,12 @@ class Completions:
         alone if it raises. If the database refused one of their results, they are sent
         alone at once, and ResultRefused is raised instead."""
         batch, self._pending[:BATCH] = self._pending[:BATCH], []
+        soon = time.monotonic() + LATE
+        if late := [entry for entry in batch if entry.lease_ends <= soon]:
+            # complete_and_claim() would pass over a stale token silently: alone, they say.
+            batch = [entry for entry in batch if entry.lease_ends > soon]
+            self._alone.extend(late)
+            self._changed.set()
         try:
             yield [entry.done for entry in batch]
         except Refused as exc:
@@ -173,13 +186,12 @@ class Completions:
         )
 
     async def _send_plain(self, batch: list[_Done]) -> None:
-        jobs = [entry.done.job for entry in batch]
+        jobs, queue = [entry.done.job for entry in batch], self._context.queue
         try:
-            completed = await report(
-                lambda: self._queue.complete_many(jobs),
-                give_up_after=self._lease_seconds,
-                outage=self._outage,
-            )
+            completed = await report(lambda: queue.complete_many(jobs), self._context)
+        except NotReported as exc:
+            self._unreported(batch, exc)
+            return
         except Exception as exc:
             log.error(
                 "job outcomes not recorded; the sweeper will retry the jobs when their leases end",
@@ -187,31 +199,21 @@ class Completions:
                 extra={"event": "job.unrecorded", "job_ids": [job.id for job in jobs]},
             )
             return
-        self._record(batch, set(completed or ()))
+        self._record(batch, set(completed))
 
     async def _send_result(self, entry: _Done) -> None:
-        job, result = entry.done.job, entry.done.result
+        job, result, queue = entry.done.job, entry.done.result, self._context.queue
         try:
-            completed = await report(
-                lambda: self._queue.complete(job, result),
-                give_up_after=self._lease_seconds,
-                outage=self._outage,
-            )
+            completed = await report(lambda: queue.complete(job, result), self._context)
         except Refused as exc:
             # Over max_result_bytes as the database measures it: the job fails for good.
             error = f"the database refused the result: {exc}"
             if isinstance(exc, TooLarge):
                 error = f"{exc.message}: {STORE_ELSEWHERE}"
-            await report_failure(
-                self._queue,
-                job,
-                error,
-                retryable=False,
-                started=entry.started,
-                metrics=self._metrics,
-                lease_seconds=self._lease_seconds,
-                outage=self._outage,
-            )
+            await report_failure(self._context, job, error, retryable=False, started=entry.started)
+            return
+        except NotReported as exc:
+            self._unreported([entry], exc)
             return
         except Exception as exc:
             log.error(
@@ -225,22 +227,47 @@ class Completions:
     def _record(self, batch: list[_Done], completed: set[int] | None) -> None:
         """Count and log the jobs of `batch`, reported; `completed`: the ids the queue said it
         completed, None when it does not say."""
-        jobs = [entry.done.job for entry in batch]
+        jobs, metrics = [entry.done.job for entry in batch], self._context.metrics
         if completed is None:
-            self._metrics.finished(jobs, "done")
+            metrics.finished(jobs, "done")
         else:
-            self._metrics.finished([job for job in jobs if job.id in completed], "done")
-            self._metrics.finished([job for job in jobs if job.id not in completed], "lost")
-        if not log.isEnabledFor(logging.INFO):
-            return
+            metrics.finished([job for job in jobs if job.id in completed], "done")
+            metrics.finished([job for job in jobs if job.id not in completed], "lost")
+        info, now = log.isEnabledFor(logging.INFO), time.monotonic()
         for entry in batch:
-            job = entry.done.job
-            ok = completed is None or job.id in completed
-            log.info(
-                "job done" if ok else "job done, but its lease had been lost",
+            refused = completed is not None and entry.done.job.id not in completed
+            late = now > entry.lease_ends
+            if refused or late or info:
+                _log_done(entry, refused=refused, late=late)
+
+    def _unreported(self, batch: list[_Done], exc: NotReported) -> None:
+        """The worker stopped before the queue took these successes: say so, job by job."""
+        for entry in batch:
+            log.error(
+                "job done, but not reported: the worker stopped while the queue was unavailable;"
+                " the sweeper takes the job back when its lease runs out, and it runs again",
                 extra={
-                    "event": "job.done",
+                    "event": "job.unreported",
+                    "cause": str(exc),
                     "duration_ms": ms_since(entry.started),
-                    **job_fields(job),
+                    **job_fields(entry.done.job),
                 },
             )
+
+
+def _log_done(entry: _Done, *, refused: bool, late: bool) -> None:
+    fields = {"duration_ms": ms_since(entry.started), **job_fields(entry.done.job)}
+    if refused:
+        log.warning(
+            "job done, but the queue refused its success: the job had been taken back (its "
+            "lease ran out and the sweeper rescued it, or it was cancelled); it runs again "
+            "unless it was cancelled",
+            extra={"event": "job.done_refused", **fields},
+        )
+    elif late:
+        log.warning(
+            "job done, reported late: after its lease ran out, before any sweep took it back",
+            extra={"event": "job.done_late", **fields},
+        )
+    else:
+        log.info("job done", extra={"event": "job.done", **fields})

@@ -13,7 +13,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from .queue_client import Job
+from ..queue import Job
 
 # Attributes every LogRecord has; anything else on a record came from `extra=`.
 _STANDARD = {*vars(logging.makeLogRecord({})), "message", "asctime", "taskName"}

@@ -1,4 +1,4 @@
-# Worker machinery: you should not need to edit this file (handlers live in handlers/).
+# Command-line machinery: you should not need to edit this file (handlers live in handlers/).
 """How the command line fails: one `error: ...` line on stderr that says what to do, and an
 exit status: 1 when the command could not be done (the database unreachable, the queue's
 schema missing, no such job), 2 for bad usage (a bad argument or setting, or a value the
@@ -12,8 +12,8 @@ import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
-from .logs import describe_exception
-from .queue_client import QueueApiError, QueueUnavailable, Refused, SchemaMissing
+from ..queue import QueueApiError, QueueUnavailable, Refused, SchemaMissing
+from ..worker.logs import describe_exception
 
 FAILED = 1
 USAGE = 2

@@ -14,10 +14,11 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
+from ..queue import Job
+from .context import WorkerContext
 from .logs import describe_exception
-from .queue_client import Job, QueueClient
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +34,14 @@ class _Lease:
     job: Job
     renew_at: float
     deadline: float
+    # When the lease runs out unless renewed: the last renewal (or the claim) + the lease.
+    ends: float
 
 
 class LeaseKeeper:
-    def __init__(self, queue: QueueClient, lease_seconds: int) -> None:
-        self._queue = queue
-        self._lease_seconds = lease_seconds
+    def __init__(self, context: WorkerContext) -> None:
+        self._context = context
+        self._lease_seconds = context.lease_seconds
         self._leases: dict[asyncio.Task[None], _Lease] = {}
         self._stopped: dict[asyncio.Task[None], StopReason] = {}
         # Wakes the loop early: for a job due before the time it sleeps until, or for stop().
@@ -48,7 +51,8 @@ class LeaseKeeper:
 
     def watch(self, task: asyncio.Task[None], job: Job, renew_at: float, deadline: float) -> None:
         """Keep the lease of the job that `task` runs, and stop `task` at `deadline`."""
-        self._leases[task] = _Lease(job, renew_at, deadline)
+        ends = renew_at + self._lease_seconds / 2  # renew_at: half a lease after the claim
+        self._leases[task] = _Lease(job, renew_at, deadline, ends)
         if min(deadline, renew_at) < self._wakes_at:
             self._poke.set()
 
@@ -56,6 +60,12 @@ class LeaseKeeper:
         """`task` has ended: its job is no longer in hand."""
         self._leases.pop(task, None)
         self._stopped.pop(task, None)
+
+    def lease_ends(self, task: asyncio.Task[Any] | None) -> float | None:
+        """When the lease of the job that `task` runs ends, unless renewed (a time.monotonic()
+        reading); None when `task` is not watched."""
+        lease = self._leases.get(task) if task is not None else None
+        return lease.ends if lease is not None else None
 
     def stopped_because(self, task: asyncio.Task[None]) -> StopReason | None:
         """Why the keeper cancelled `task`, or None if it did not."""
@@ -114,8 +124,9 @@ class LeaseKeeper:
     async def _renew(self, due: list[tuple[asyncio.Task[None], _Lease]]) -> None:
         sent = time.monotonic()
         try:
-            running = await self._queue.heartbeat_many(
-                [lease.job for _, lease in due], self._lease_seconds
+            # WORKER_LEASE_SECONDS, or None: the database's own (the one in the context)
+            running = await self._context.queue.heartbeat_many(
+                [lease.job for _, lease in due], self._context.settings.lease_seconds
             )
         except Exception as exc:  # QueueUnavailable, or the queue refusing the call
             log.warning(
@@ -133,6 +144,7 @@ class LeaseKeeper:
         for task, lease in due:
             if lease.job.id in running:
                 lease.renew_at = sent + self._lease_seconds / 2
+                lease.ends = sent + self._lease_seconds
             elif not task.done():
                 self._stop(task, "lease_lost")
 

@@ -8,39 +8,46 @@ from __future__ import annotations
 
 import logging
 
-from .backoff import Outage
+from ..queue import Job
+from .context import WorkerContext
 from .logs import job_fields, ms_since
-from .metrics import Outcome, WorkerMetrics
-from .queue_client import Job, QueueClient
-from .reports import report
+from .metrics import Outcome
+from .reports import NotReported, report
 
 log = logging.getLogger(__name__)
 
 
 async def report_failure(
-    queue: QueueClient,
+    context: WorkerContext,
     job: Job,
     error: str,
     *,
     retryable: bool,
     started: float,
-    metrics: WorkerMetrics,
-    lease_seconds: int,
-    outage: Outage | None = None,
     shown: str | None = None,
 ) -> None:
     """Record a failed attempt of `job` (its handler started at `started`, a time.monotonic()
-    reading) with `error`; counted retried, dead, or lost when its token was stale. With
-    `shown`, the job fails for good and `shown` is the message its owner reads in my_jobs."""
+    reading) with `error`; counted retried, dead, or lost when its token was stale (the job
+    was taken back). With `shown`, the job fails for good and `shown` is the message its owner
+    reads in my_jobs."""
+    queue = context.queue
 
     async def fail() -> str | None:
         if shown is not None:
             return await queue.fail_user_facing(job.id, job.lock_token, shown)
         return await queue.fail(job, error, retryable=retryable)
 
-    status = await report(fail, give_up_after=lease_seconds, outage=outage)
+    try:
+        status = await report(fail, context)
+    except NotReported as exc:
+        log.error(
+            "job failed, but not reported: the worker stopped while the queue was unavailable; "
+            "the sweeper takes the job back when its lease runs out",
+            extra={"event": "job.unreported", "error": error, "cause": str(exc), **job_fields(job)},
+        )
+        return
     outcome: Outcome = "retried" if status == "queued" else "dead" if status == "failed" else "lost"
-    metrics.finished([job], outcome)
+    context.metrics.finished([job], outcome)
     log.log(
         logging.ERROR if outcome == "dead" else logging.WARNING,
         "job failed",

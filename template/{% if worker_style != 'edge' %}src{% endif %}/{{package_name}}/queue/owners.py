@@ -1,4 +1,4 @@
-# Worker machinery: you should not need to edit this file (handlers live in handlers/).
+# Queue client machinery: you should not need to edit this file (handlers live in handlers/).
 """job.owner: who submitted each claimed job from the app, read only where it can be someone.
 
 The claim does not return owners, so the hot path pays nothing for them. Instead the worker
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 
-from .queue_client import Job, QueueClient
+from .client import Job, QueueClient
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.metrics_core import Metric as MetricFamily
 from prometheus_client.utils import floatToGoString
 
-from .queue_client import Job
+from ..queue import Job
 
 # What became of a claimed job, as Worker.counts names it.
 Outcome = Literal["done", "retried", "dead", "lost", "released"]

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from ..queue import Job, QueueClient
+from ..settings import tracing_available
 from .logs import describe_exception
-from .queue_client import Job, QueueClient
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -38,19 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # The instrumentation's name, as trace backends show it: this package's.
-TRACER_NAME = __name__.rpartition(".")[0]
-EXTRA_MISSING = (
-    "WORKER_TRACING=on needs the tracing extra: `uv sync --extra tracing` "
-    "(or `pip install -e '.[tracing]'`)"
-)
-
-
-def tracing_available() -> bool:
-    """Is the tracing extra (the OpenTelemetry SDK) installed?"""
-    try:
-        return importlib.util.find_spec("opentelemetry.sdk") is not None
-    except ModuleNotFoundError:
-        return False
+TRACER_NAME = __name__.partition(".")[0]
 
 
 class JobTracing:

@@ -25,9 +25,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric as MetricFamily
 
+from ..queue import Metric, QueueClient
+from ..settings import Settings
 from .metrics import DATABASE_METRICS, WorkerMetrics
-from .queue_client import Metric, QueueClient
-from .settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -1,10 +1,10 @@
-# Worker machinery: you should not need to edit this file (handlers live in handlers/).
+# Queue client machinery: you should not need to edit this file (handlers live in handlers/).
 """The queue's functions outside the worker's hot path, each written once for both transports.
 
 A transport gives two ways to reach the database: call() runs one function of the queue's
 schema (settings.QUEUE_SCHEMA; see supabase/migrations) with named arguments and returns its
 rows; read() reads one of its views. Every method here is one of those calls, its arguments
-named as the SQL function names them and its rows made typed values (queue_types.py). A new
+named as the SQL function names them and its rows made typed values (types.py). A new
 function of the queue needs one method here, and nothing in the transports.
 """
 
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from .queue_errors import ConfigRefused, Refused
-from .queue_types import (
+from .errors import ConfigRefused, Refused
+from .types import (
     JobState,
     Metric,
     NewJob,

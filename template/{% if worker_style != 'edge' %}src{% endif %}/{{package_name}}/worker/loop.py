@@ -11,9 +11,9 @@
   timer, so its cost per job stays small.
 - A handler's return value is its job's result: it rides along with the completion (a
   result that is not JSON, or over the configured max_result_bytes, fails its job instead;
-  results.py). Handlers may report progress as they go (JobInfo.report_progress()).
+  queue/results.py). Handlers may report progress as they go (JobInfo.report_progress()).
 - A job a signed-in user of the app submitted carries its owner (job.owner), read after the
-  claim and only for batches with kinds open to users (owners.py).
+  claim and only for batches with kinds open to users (queue/owners.py).
 - Idle, the worker waits for a wake-up (LISTEN with the postgres transport) or polls with a
   growing pause; it never spins. A lost connection is retried with backoff; the first call
   that gets through again (a claim or a report) ends every other call's pause (Outage).
@@ -28,19 +28,18 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable
-from dataclasses import dataclass
 from typing import TypeVar
 
+from ..queue import Job, QueueClient, QueueUnavailable
+from ..queue.owners import JobOwners
+from ..registry import Registry, registry
+from ..settings import Settings
 from .backoff import MAX_OUTAGE_PAUSE, Backoff, Outage
 from .completions import Completions, ResultRefused
+from .context import WorkerContext
 from .health import log_health
 from .job_runner import JobRunner
-from .leases import LeaseKeeper
 from .metrics import WorkerMetrics
-from .owners import JobOwners
-from .queue_client import Job, QueueClient, QueueUnavailable
-from .registry import Registry, registry
-from .settings import Settings
 from .tracing import read_traceparents, start_tracing
 
 log = logging.getLogger(__name__)
@@ -55,18 +54,6 @@ _FIRST_IDLE_PAUSE = 0.1
 _CHECKIN_INTERVAL = 60.0
 # The largest result a database whose configuration does not say stores (the most it allows).
 _MAX_RESULT_BYTES = 65536
-
-
-@dataclass(frozen=True, slots=True)
-class _Machinery:
-    """What a worker runs jobs with, built when its first run() or drain() starts, once the
-    lease (WORKER_LEASE_SECONDS, or else the lease configured in the database) and the
-    database's max_result_bytes are known."""
-
-    lease_seconds: int
-    keeper: LeaseKeeper
-    completions: Completions
-    runner: JobRunner
 
 
 class Worker:
@@ -84,15 +71,15 @@ class Worker:
         self.metrics = metrics or WorkerMetrics()
         # Spans for handler runs when WORKER_TRACING=on: see tracing.py.
         self._tracing = start_tracing() if settings.tracing else None
-        # The kinds open to the app's users, and the owners of their jobs: see owners.py.
+        # The kinds open to the app's users, and the owners of their jobs: see queue/owners.py.
         self._owners = JobOwners(queue)
-        # Built when the first run() or drain() starts: see _Machinery.
-        self._machinery: _Machinery | None = None
+        # Runs each job with the worker's context (context.py), both built when the first run()
+        # or drain() starts.
+        self._runner: JobRunner | None = None
         self._next_checkin = 0.0
         self._running: dict[asyncio.Task[None], Job] = {}
         self._stopping = asyncio.Event()
-        # Shared by every call that waits out an outage: one that gets through ends the rest's
-        # pauses, so successes waiting to be reported go with the first claim that works.
+        # Shared by every call that waits out an outage (see context.py).
         self._outage = Outage()
         # Set when a job's task ends or stop() is called: the claim loop waits on it.
         self._changed = asyncio.Event()
@@ -110,6 +97,8 @@ class Worker:
         """Stop claiming; run() / drain() then finish or release the jobs they hold."""
         if not self._stopping.is_set():
             log.info("stopping", extra={"event": "worker.stop", "running": len(self._running)})
+            # Reports still waiting out an outage get the shutdown grace, then give up.
+            self._outage.stop(self._settings.shutdown_grace)
         self._stopping.set()
         self._changed.set()
 
@@ -142,17 +131,18 @@ class Worker:
         await self._loop(until_idle=True)
 
     async def _loop(self, *, until_idle: bool) -> None:
-        if self._machinery is None:
-            self._machinery = await self._build()
-            if self._machinery is None:
+        if self._runner is None:
+            context = await self._build_context()
+            if context is None:
                 return  # stopped before the database answered
-        machinery = self._machinery
-        completions, keeper = machinery.completions, machinery.keeper
+            self._runner = JobRunner(context)
+        runner = self._runner
+        completions, keeper = runner.completions, runner.keeper
         reporting = asyncio.create_task(completions.run(), name="completions")
         keeping = asyncio.create_task(keeper.run(), name="lease_keeper")
         completions.expect_claims(True)
         try:
-            await self._claim_and_start(machinery, until_idle=until_idle)
+            await self._claim_and_start(runner, until_idle=until_idle)
         finally:
             completions.expect_claims(False)  # no more claims: the last successes go alone
             await self._finish()
@@ -161,27 +151,24 @@ class Worker:
             keeper.stop()
             await asyncio.gather(reporting, keeping)
 
-    async def _build(self) -> _Machinery | None:
-        """The lease keeper, completions and job runner, once the lease and the result size
-        limit are known (_configuration()); None if stopped before the database answered."""
+    async def _build_context(self) -> WorkerContext | None:
+        """What every part of the worker shares (context.py), once the lease and the result
+        size limit are known (_configuration()); None if stopped before the database answered."""
         configured = await self._configuration()
         if configured is None:
             return None
         lease_seconds, max_result_bytes = configured
-        keeper = LeaseKeeper(self._queue, lease_seconds)
-        completions = Completions(self._queue, lease_seconds, self.metrics, self._outage)
-        runner = JobRunner(
-            self._queue,
-            keeper,
-            completions,
-            self.metrics,
-            lease_seconds,
-            max_result_bytes,
-            self._tracing,
-            self._outage,
-        )
         self.metrics.expect(self._settings.queue, self._handlers.kinds())
-        return _Machinery(lease_seconds, keeper, completions, runner)
+        return WorkerContext(
+            settings=self._settings,
+            queue=self._queue,
+            handlers=self._handlers,
+            metrics=self.metrics,
+            outage=self._outage,
+            tracing=self._tracing,
+            lease_seconds=lease_seconds,
+            max_result_bytes=max_result_bytes,
+        )
 
     async def _configuration(self) -> tuple[int, int] | None:
         """The lease (WORKER_LEASE_SECONDS, or else the one configured in the database) and
@@ -218,9 +205,9 @@ class Worker:
         )
         await self._unless_stopped(self._outage.pause(delay))
 
-    async def _claim_and_start(self, machinery: _Machinery, *, until_idle: bool) -> None:
+    async def _claim_and_start(self, runner: JobRunner, *, until_idle: bool) -> None:
         settings = self._settings
-        completions = machinery.completions
+        completions = runner.completions
         idle = Backoff(_FIRST_IDLE_PAUSE, settings.poll_interval)
         outage = Backoff(0.5, MAX_OUTAGE_PAUSE)
         # Claim in batches: wait until a batch's worth of slots is free (half a batch, so the
@@ -234,7 +221,7 @@ class Worker:
                 await self._job_ended()
                 continue
             wanted = min(free, settings.batch_size)
-            jobs = await self._claim(machinery, wanted, outage)
+            jobs = await self._claim(runner, wanted, outage)
             if jobs is None:
                 continue
             if len(jobs) == wanted:
@@ -252,18 +239,18 @@ class Worker:
                 idle.reset()
             await self._wait_for_jobs(completions, idle.next())
 
-    async def _claim(self, machinery: _Machinery, wanted: int, outage: Backoff) -> list[Job] | None:
+    async def _claim(self, runner: JobRunner, wanted: int, outage: Backoff) -> list[Job] | None:
         """Claim up to `wanted` jobs, the successes so far riding along, and start them; None
         when the claim did not go through (after waiting out an outage)."""
         settings = self._settings
         kinds = self._handlers.kinds()
-        completions = machinery.completions
+        completions = runner.completions
         if time.monotonic() >= self._next_checkin:
             await self._checkin(kinds)
         # Leases are counted from before the claim, so renewals are never late. A job that
         # ends, or a poke(), while the claim is under way is seen after it.
         self._changed.clear()
-        renew_at = time.monotonic() + machinery.lease_seconds / 2
+        renew_at = time.monotonic() + runner.context.lease_seconds / 2
         try:
             # The successes so far ride along: one round trip completes them and claims.
             with completions.ride_along() as done:
@@ -273,7 +260,8 @@ class Worker:
                     wanted,
                     kinds=kinds,
                     queue=settings.queue,
-                    lease_seconds=machinery.lease_seconds,
+                    # WORKER_LEASE_SECONDS, or None: the database's own
+                    lease_seconds=settings.lease_seconds,
                 )
         except QueueUnavailable as exc:
             completions.expect_claims(False)  # no claim before the pause ends
@@ -294,9 +282,7 @@ class Worker:
         traceparents = await read_traceparents(self._queue, self._tracing, jobs)
         owners = await self._owners.of(jobs)
         for job in jobs:
-            self._start(
-                machinery.runner, job, renew_at, traceparents.get(job.id), owners.get(job.id)
-            )
+            self._start_job(runner, job, renew_at, traceparents.get(job.id), owners.get(job.id))
         return jobs
 
     async def _wait_for_jobs(self, completions: Completions, timeout: float) -> None:
@@ -309,7 +295,7 @@ class Worker:
 
     async def _checkin(self, kinds: list[str]) -> None:
         """Tell the database which kinds this worker claims, and learn which kinds are open
-        to the app's users (owners.py); never stops the worker."""
+        to the app's users (queue/owners.py); never stops the worker."""
         self._next_checkin = time.monotonic() + _CHECKIN_INTERVAL
         await self._owners.refresh()
         try:
@@ -334,7 +320,7 @@ class Worker:
                 extra={"event": "worker.checkout_failed", "error": str(exc)},
             )
 
-    def _start(
+    def _start_job(
         self,
         runner: JobRunner,
         job: Job,
@@ -350,8 +336,8 @@ class Worker:
         task.add_done_callback(self._ended)
 
     def _ended(self, task: asyncio.Task[None]) -> None:
-        assert self._machinery is not None, "jobs are started only inside _loop()"
-        self._machinery.runner.ended(task, self._running.pop(task))
+        assert self._runner is not None, "jobs are started only inside _loop()"
+        self._runner.ended(task, self._running.pop(task))
         self._changed.set()
 
     async def _job_ended(self) -> None:

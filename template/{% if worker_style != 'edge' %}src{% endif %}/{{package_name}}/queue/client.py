@@ -1,10 +1,10 @@
-# Worker machinery: you should not need to edit this file (handlers live in handlers/).
+# Queue client machinery: you should not need to edit this file (handlers live in handlers/).
 """The queue client: one interface over the queue's SQL functions, whatever the transport.
 
 Every method is one call to a function in the queue's schema (settings.QUEUE_SCHEMA; see
 supabase/migrations); no queue logic lives in Python. A transport implements the worker's hot
 path below (claims, completions, failures, leases, wake-ups) in the way that suits it, and the
-two calls every other method is written on once (queue_functions.py). The transport module this
+two calls every other method is written on once (functions.py). The transport module this
 project was generated with implements it, and its `open_queue(settings)` returns one.
 """
 
@@ -18,7 +18,7 @@ from typing import Any, NewType
 
 from pydantic_core import from_json
 
-from .queue_errors import (
+from .errors import (
     ConfigRefused,
     QueueApiError,
     QueueUnavailable,
@@ -26,8 +26,8 @@ from .queue_errors import (
     SchemaMissing,
     TooLarge,
 )
-from .queue_functions import QueueFunctions
-from .queue_types import (
+from .functions import QueueFunctions
+from .types import (
     ON_CONFLICT,
     FailStatus,
     JobState,
@@ -161,13 +161,14 @@ class QueueClient(QueueFunctions):
         *,
         kinds: list[str],
         queue: str,
-        lease_seconds: int,
+        lease_seconds: int | None = None,
     ) -> list[Job]:
         """Mark the `done` jobs done, storing their results (passing over any whose token is
         stale, silently), and lease up to max_jobs runnable jobs of these kinds on a queue to
-        `worker`, in one call and one transaction; jobs of other kinds stay queued for the
-        workers that handle them. max_jobs 0 only completes. A result the database measures
-        over max_result_bytes raises TooLarge, and nothing is completed or claimed."""
+        `worker` for `lease_seconds` (None: the lease configured in the database), in one call
+        and one transaction; jobs of other kinds stay queued for the workers that handle them.
+        max_jobs 0 only completes. A result the database measures over max_result_bytes
+        raises TooLarge, and nothing is completed or claimed."""
 
     @abstractmethod
     async def complete(self, job: Job, result: JsonText | None = None) -> bool:
@@ -191,9 +192,10 @@ class QueueClient(QueueFunctions):
         when the token is stale."""
 
     @abstractmethod
-    async def heartbeat_many(self, jobs: list[Job], lease_seconds: int) -> set[int]:
-        """Extend the leases of the claims that hold `jobs` (one renewal per claim, in one
-        call); the ids of those still running. A job left out has ended under its token (it
+    async def heartbeat_many(self, jobs: list[Job], lease_seconds: int | None = None) -> set[int]:
+        """Extend the leases of the claims that hold `jobs` by `lease_seconds` from now (None:
+        the lease configured in the database), one renewal per claim, in one call; the ids of
+        those still running. A job left out has ended under its token (it
         was cancelled, or its lease ran out and the sweeper took it back): stop it."""
 
     @abstractmethod

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import logging
 
-from .queue_client import QueueClient
-from .queue_functions import Row
-from .settings import UNUSED_BECAUSE, UNUSED_HEALTH
+from ..queue import QueueClient
+from ..queue.functions import Row
+from ..settings import UNUSED_BECAUSE, UNUSED_HEALTH
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-# Worker machinery: you should not need to edit this file (handlers live in handlers/).
+# Queue client machinery: you should not need to edit this file (handlers live in handlers/).
 """The queue functions' arguments and rows, as typed Python values: the same whichever
 transport read them (pydantic turns the Data API's JSON text and psycopg's values alike into
 these types)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 # The longest pause between two tries while the queue is unavailable.
 MAX_OUTAGE_PAUSE = 30.0
@@ -35,14 +36,29 @@ class Backoff:
 class Outage:
     """What a worker's calls share while the queue is unavailable: each one that failed
     waits out its pause in pause(); the first that gets through calls over(), which ends
-    every pause under way, so the others try again at once."""
+    every pause under way, so the others try again at once. Once the worker stops, the calls
+    still waiting keep trying for its shutdown grace, and then give up (giving_up)."""
 
     def __init__(self) -> None:
         self._over = asyncio.Event()
         self._pausing = 0
+        self._give_up_at: float | None = None
+
+    def stop(self, grace: float) -> None:
+        """The worker stops: calls waiting out the outage give up `grace` seconds from now."""
+        if self._give_up_at is None:
+            self._give_up_at = time.monotonic() + grace
+
+    @property
+    def giving_up(self) -> bool:
+        """Has the worker stopped, and its grace for calls waiting out an outage run out?"""
+        return self._give_up_at is not None and time.monotonic() >= self._give_up_at
 
     async def pause(self, seconds: float) -> None:
-        """Sleep `seconds`, or until over() is called."""
+        """Sleep `seconds` (no later than when the calls give up), or until over() is
+        called."""
+        if self._give_up_at is not None:
+            seconds = max(0.0, min(seconds, self._give_up_at - time.monotonic()))
         over = self._over
         self._pausing += 1
         try:

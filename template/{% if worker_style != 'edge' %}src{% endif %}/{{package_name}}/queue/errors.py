@@ -1,4 +1,4 @@
-# Worker machinery: you should not need to edit this file (handlers live in handlers/).
+# Queue client machinery: you should not need to edit this file (handlers live in handlers/).
 """What a call to the queue can fail with, the same whatever the transport."""
 
 from __future__ import annotations
