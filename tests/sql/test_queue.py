@@ -677,8 +677,8 @@ CALLED_PER_JOB_OR_REQUEST = [
     "jobs_wake_workers", "notify_workers", "wake", "claim", "complete_and_claim",
     "_runnable_jobs", "_claim_front", "_keyed_candidates", "_free_keys", "_batch_slices",
     "_take", "_take_slices", "_claim_allowance", "_take_tokens", "complete", "complete_many",
-    "_complete_jobs", "_end_attempts", "_store_done", "heartbeat", "heartbeat_many",
-    "_is_running", "progress", "fail", "backoff", "release", "cancel", "job",
+    "_complete_jobs", "_end_attempts", "heartbeat", "heartbeat_many",
+    "progress", "fail", "backoff", "release", "cancel", "job",
 ]  # fmt: skip
 
 
