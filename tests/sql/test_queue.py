@@ -736,9 +736,10 @@ def test_enqueue_refuses_a_payload_over_one_mebibyte(db: psycopg.Connection) -> 
 CALLED_PER_JOB_OR_REQUEST = [
     "enqueue", "enqueue_many", "default_max_attempts", "key_holder", "_checked_traceparent",
     "_jobs_wake_workers", "_notify_workers", "_wake", "claim", "complete_and_claim",
-    "runnable_jobs", "keyed_candidates", "claim_allowance", "take_tokens", "complete",
-    "complete_many", "complete_jobs", "end_attempts", "heartbeat", "heartbeat_many",
-    "is_running", "progress", "fail", "backoff", "release", "cancel", "job", "_end_attempt",
+    "_runnable_jobs", "_claim_front", "_keyed_candidates", "_free_keys", "_batch_slices",
+    "_take", "_take_slices", "_claim_allowance", "_take_tokens", "complete", "complete_many",
+    "_complete_jobs", "_end_attempts", "heartbeat", "heartbeat_many",
+    "progress", "fail", "backoff", "release", "cancel", "job", "_end_attempt",
     "_unqueue", "_unbatch", "_requeue", "_to_history",
 ]  # fmt: skip
 

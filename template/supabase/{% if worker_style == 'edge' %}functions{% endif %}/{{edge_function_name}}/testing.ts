@@ -190,7 +190,7 @@ export class MemoryQueue implements WorkerQueue {
     return this.fail(claimed, `UserFacingError: ${message}`, false);
   }
 
-  /** complete_jobs()'s check: SQLSTATE 54000 for a result over the limit. */
+  /** _complete_jobs()'s check: SQLSTATE 54000 for a result over the limit. */
   private checkSize({ job, result }: DoneJob): void {
     const bytes = result === null ? 0 : this.storedBytes(result);
     const limit = this.resultLimit ?? MAX_RESULT_BYTES;
@@ -198,7 +198,7 @@ export class MemoryQueue implements WorkerQueue {
       const reason = `the result of job ${job.id} is ${bytes} bytes; the limit is ${limit} ` +
         "(max_result_bytes)";
       throw new QueueError(
-        `pgqueue.complete_jobs() failed: ${reason}`,
+        `pgqueue._complete_jobs() failed: ${reason}`,
         "complete()",
         TOO_BIG,
         reason,
