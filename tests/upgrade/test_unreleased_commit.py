@@ -21,7 +21,9 @@ import pytest
 from testkit.hosted import start_hosted_cluster
 from testkit.project import (
     RELEASES,
+    baseline_migrations,
     commit_everything,
+    current_baseline,
     push_migrations,
     run,
     snapshot_with_history,
@@ -112,8 +114,9 @@ def missing(cluster, schema: str) -> list[str]:
 
 
 def assert_the_queue_works(cluster, schema: str) -> None:
-    """What 1.1.0's workers call that 202d53d lacked is there, and a claim of rows completes."""
-    assert missing(cluster, schema) == []
+    """What workers call that 202d53d lacked (checkout()) is there, and a claim of rows
+    completes. take_rows() was internal: from 1.3.0 on, the claim's _take() does its work."""
+    assert missing(cluster, schema) == ["take_rows(text,text,integer,text[],integer)"]
     with cluster.connect(autocommit=True) as db:
         db.execute(f"select {schema}.enqueue('after-repair')")
         claimed = db.execute(
@@ -248,7 +251,8 @@ def test_a_difference_that_cannot_be_repaired_in_place_refuses_the_update(
     gives (render the release, a migration of the project's own, marked) then let it through."""
     repo = tmp_path / "template"
     run(["git", "clone", "-q", template, repo], cwd=tmp_path)
-    (baseline,) = (repo / "template/supabase/migrations").glob("*20261208000000_pgqueue_1_2_0.sql*")
+    # the first of a new project's baseline migrations, as the template names it
+    (baseline,) = (repo / "template/supabase/migrations").glob(f"*{baseline_migrations()[0]}*")
     released = baseline.read_text()
     baseline.write_text(released + "\ncreate table {{ queue_schema }}.notes (id bigint);\n")
     commit_everything(repo, "a table tried out")
@@ -283,7 +287,7 @@ def refused_then_repaired(
         "in place:"
     ), refused.stderr
     assert (
-        "\n  20261208000000_pgqueue_1_2_0.sql: differs from commit "
+        f"\n  {baseline_migrations()[0]}: differs from commit "
         f"{head}'s in `create table pgqueue.notes (id bigint);`\n"
     ) in refused.stderr, refused.stderr
     assert run(["git", "status", "--porcelain"], cwd=project) == "", "nothing was written"
@@ -296,12 +300,12 @@ def refused_then_repaired(
         [sys.executable, "-m", *render.replace("/tmp/release", str(release)).split()],
         cwd=project, check=True, capture_output=True,
     )  # fmt: skip
-    text = (release / MIGRATIONS / "20261208000000_pgqueue_1_2_0.sql").read_bytes()
+    text = (release / MIGRATIONS / baseline_migrations()[0]).read_bytes()
     assert b"pgqueue.notes" not in text
     # steps 2 and 3: the project's own migration, marked
     marker = re.search(r"^ +(-- pgqueue-template repair: .*)$", refused.stderr, re.M)[1]
     digest = hashlib.sha256(text).hexdigest()
-    (project / MIGRATIONS / "20261209000000_drop_notes.sql").write_text(
+    (project / MIGRATIONS / "20261210000000_drop_notes.sql").write_text(
         re.sub(r"<sha256sum of [^>]+>", digest, marker) + "\ndrop table pgqueue.notes;\n"
     )
     commit_everything(project, "our repair")
@@ -316,11 +320,9 @@ def test_a_migration_no_release_has_refuses_the_update_until_marked(
     marked as the message says, it goes through, and the file Copier deletes comes back."""
     repo = tmp_path / "template"
     run(["git", "clone", "-q", template, repo], cwd=tmp_path)
-    extra = "20261209000000_pgqueue_extra.sql"
-    source = (
-        repo
-        / f"template/{MIGRATIONS}/{{% if queue_baseline == '1.2.0' %}}{extra}{{% endif %}}.jinja"
-    )
+    extra = "20261210000000_pgqueue_extra.sql"
+    condition = f"{{% if queue_baseline == '{current_baseline()}' %}}"
+    source = repo / f"template/{MIGRATIONS}/{condition}{extra}{{% endif %}}.jinja"
     source.write_text("select 1;\n")
     commit_everything(repo, "a migration tried out")
     source.unlink()
