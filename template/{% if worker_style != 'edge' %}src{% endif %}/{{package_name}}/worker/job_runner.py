@@ -16,6 +16,7 @@ import asyncio
 import functools
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -43,10 +44,16 @@ class JobRunner:
     """Runs the jobs of one worker, each in a task of its own, with the worker's context; its
     lease keeper keeps their leases, its completions report their successes."""
 
-    def __init__(self, context: WorkerContext) -> None:
+    def __init__(
+        self, context: WorkerContext, on_end: Callable[[asyncio.Task[None]], None]
+    ) -> None:
         self.context = context
         self.keeper = LeaseKeeper(context)
         self.completions = Completions(context)
+        # Told, by the job's own task as it ends, that the task is done (no done callback:
+        # one more callback scheduled per job cost more than the rest of the job's ending).
+        self._on_end = on_end
+        self._loop = asyncio.get_running_loop()
 
     def start(
         self,
@@ -58,30 +65,46 @@ class JobRunner:
     ) -> asyncio.Task[None]:
         """Run `job` in a task of its own, its lease kept (renewed from `renew_at` on) and its
         handler stopped after the kind's timeout; its span a child of `traceparent` when
-        tracing is on; `owner` is the handler's job.owner. Call ended() when the task is
-        done."""
-        run = self._run(job, registration, traceparent, owner)
-        task = asyncio.create_task(run, name=f"job-{job.id}")
+        tracing is on; `owner` is the handler's job.owner. The task calls `on_end` as it
+        ends; one cancelled before it ever ran does not (see forget())."""
+        task = self._loop.create_task(self._run(job, registration, traceparent, owner))
         self.keeper.watch(task, job, renew_at, time.monotonic() + registration.timeout)
         return task
 
-    def ended(self, task: asyncio.Task[None], job: Job) -> None:
-        """`task`, which ran `job`, is done."""
+    def forget(self, task: asyncio.Task[None]) -> None:
+        """`task` is done without having ended itself (cancelled before it ran)."""
         self.keeper.forget(task)
-        if not task.cancelled() and (exc := task.exception()) is not None:
-            # _run reports every handler error; this is the queue failing to take one.
-            log.error(
-                "job outcome not recorded; the sweeper will retry the job when its lease ends",
-                exc_info=exc,
-                extra={"event": "job.unrecorded", **job_fields(job)},
-            )
 
     async def _run(
         self,
         job: Job,
         registration: Registration,
-        traceparent: str | None = None,
-        owner: str | None = None,
+        traceparent: str | None,
+        owner: str | None,
+    ) -> None:
+        """Run the job; whatever becomes of it, the keeper forgets it and `on_end` is told."""
+        task = asyncio.current_task(self._loop)
+        assert task is not None, "a job runs in a task of its own"
+        try:
+            await self._attempt(task, job, registration, traceparent, owner)
+        except Exception as exc:
+            # _attempt reports every handler error; this is the queue failing to take one.
+            log.error(
+                "job outcome not recorded; the sweeper will retry the job when its lease ends",
+                exc_info=exc,
+                extra={"event": "job.unrecorded", **job_fields(job)},
+            )
+        finally:
+            self.keeper.forget(task)
+            self._on_end(task)
+
+    async def _attempt(
+        self,
+        task: asyncio.Task[None],
+        job: Job,
+        registration: Registration,
+        traceparent: str | None,
+        owner: str | None,
     ) -> None:
         started = time.monotonic()
         if log.isEnabledFor(logging.INFO):
@@ -109,9 +132,8 @@ class JobRunner:
             # No timer per job: the lease keeper cancels this task when its time is up.
             returned = await self._handle(job, registration, payload, info, traceparent)
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            reason = self.keeper.stopped_because(task) if task is not None else None
-            if task is None or reason is None:
+            reason = self.keeper.stopped_because(task)
+            if reason is None:
                 await self._release(job)  # shutdown
                 raise
             task.uncancel()
@@ -135,7 +157,7 @@ class JobRunner:
             except NotStorable as exc:
                 await self._fail(job, str(exc), retryable=False, started=started)
                 return
-        self.completions.add(job, started, result, self.keeper.lease_ends(asyncio.current_task()))
+        self.completions.add(job, started, result, self.keeper.lease_ends(task))
 
     async def _stopped(
         self, job: Job, reason: StopReason, registration: Registration, started: float
