@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import operator
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -66,6 +67,9 @@ class _Done(Done):
     started: float  # when its handler started (time.monotonic())
     added: float  # when it was handed in (time.monotonic())
     lease_ends: float  # when its job's lease runs out (time.monotonic())
+
+
+_LEASE_ENDS = operator.attrgetter("lease_ends")
 
 
 class ResultRefused(Exception):
@@ -236,6 +240,8 @@ class Completions:
             metrics.finished([job for job in jobs if job.id in completed], "done")
             metrics.finished([job for job in jobs if job.id not in completed], "lost")
         info, now = log.isEnabledFor(logging.INFO), time.monotonic()
+        if not info and completed is None and min(map(_LEASE_ENDS, batch), default=now) >= now:
+            return  # nothing to log: none refused, none late, and job.done not logged
         for entry in batch:
             refused = completed is not None and entry.job.id not in completed
             late = now > entry.lease_ends
