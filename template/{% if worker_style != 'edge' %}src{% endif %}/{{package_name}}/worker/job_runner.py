@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..queue import Job, QueueUnavailable
+from ..queue import Job, JsonText, QueueUnavailable
 from ..queue.results import MAX_PROGRESS_BYTES, NotStorable, to_json_text
 from ..registry import (
     JobInfo,
@@ -128,9 +128,18 @@ class JobRunner:
             owner,
             progress_reporter=functools.partial(self._report_progress, job),
         )
+        tracing, began = self.context.tracing, time.monotonic()
         try:
-            # No timer per job: the lease keeper cancels this task when its time is up.
-            returned = await self._handle(job, registration, payload, info, traceparent)
+            # No timer per job: the lease keeper cancels this task when its time is up. The
+            # handler is awaited here, not in a coroutine of its own: one fewer a job.
+            try:
+                if tracing is None:
+                    returned = await registration.func(payload, info)
+                else:
+                    with tracing.span(job, traceparent):
+                        returned = await registration.func(payload, info)
+            finally:  # the handler's time, whatever its outcome
+                self.context.metrics.handler_ran(job, time.monotonic() - began)
         except asyncio.CancelledError:
             reason = self.keeper.stopped_because(task)
             if reason is None:
@@ -145,19 +154,22 @@ class JobRunner:
         except Exception as exc:
             await self._fail(job, describe_exception(exc), retryable=True, started=started)
             return
-        result = None
-        if returned is not None:
-            try:
-                result = to_json_text(
-                    returned,
-                    what=f"the result of job {job.id} ({job.kind!r})",
-                    limit=self.context.max_result_bytes,
-                    limit_name="max_result_bytes",
-                )
-            except NotStorable as exc:
-                await self._fail(job, str(exc), retryable=False, started=started)
-                return
+        try:
+            result = None if returned is None else self._result(job, returned)
+        except NotStorable as exc:
+            await self._fail(job, str(exc), retryable=False, started=started)
+            return
         self.completions.add(job, started, result, self.keeper.lease_ends(task))
+
+    def _result(self, job: Job, returned: Any) -> JsonText:
+        """What the handler of `job` returned, as the JSON text the queue stores; NotStorable
+        when it is not JSON or over max_result_bytes."""
+        return to_json_text(
+            returned,
+            what=f"the result of job {job.id} ({job.kind!r})",
+            limit=self.context.max_result_bytes,
+            limit_name="max_result_bytes",
+        )
 
     async def _stopped(
         self, job: Job, reason: StopReason, registration: Registration, started: float
@@ -173,25 +185,6 @@ class JobRunner:
             "job stopped: its lease was lost (another attempt owns it now)",
             extra={"event": "job.lost", "duration_ms": ms_since(started), **job_fields(job)},
         )
-
-    async def _handle(
-        self,
-        job: Job,
-        registration: Registration,
-        payload: Any,
-        info: JobInfo,
-        traceparent: str | None,
-    ) -> Any:
-        """Run the handler (in a span, when tracing is on), and time it whatever its outcome."""
-        began = time.monotonic()
-        try:
-            tracing = self.context.tracing
-            if tracing is None:
-                return await registration.func(payload, info)
-            with tracing.span(job, traceparent):
-                return await registration.func(payload, info)
-        finally:
-            self.context.metrics.handler_ran(job, time.monotonic() - began)
 
     async def _report_progress(self, job: Job, progress: Any) -> bool:
         """JobInfo.report_progress() of `job`: False when its token is stale. Through an outage
