@@ -50,8 +50,8 @@ class JobRunner:
         self.context = context
         self.keeper = LeaseKeeper(context)
         self.completions = Completions(context)
-        # Told, by the job's own task as it ends, that the task is done (no done callback:
-        # one more callback scheduled per job cost more than the rest of the job's ending).
+        # Told by each job's own task as it ends (not by a done callback, which the event
+        # loop would schedule and run as one more step a job).
         self._on_end = on_end
         self._loop = asyncio.get_running_loop()
 
@@ -67,7 +67,8 @@ class JobRunner:
         handler stopped after the kind's timeout; its span a child of `traceparent` when
         tracing is on; `owner` is the handler's job.owner. The task calls `on_end` as it
         ends; one cancelled before it ever ran does not (see forget())."""
-        task = self._loop.create_task(self._run(job, registration, traceparent, owner))
+        run = self._run(job, registration, traceparent, owner)
+        task = self._loop.create_task(run, name=f"job-{job.id}")
         self.keeper.watch(task, job, renew_at, time.monotonic() + registration.timeout)
         return task
 
