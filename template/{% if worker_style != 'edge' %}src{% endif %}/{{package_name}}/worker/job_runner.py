@@ -120,15 +120,7 @@ class JobRunner:
             error = f"invalid payload for {job.kind!r}: {describe_validation_error(exc)}"
             await self._fail(job, error, retryable=False, started=started)
             return
-        info = JobInfo(
-            job.id,
-            job.kind,
-            job.queue,
-            job.attempts,
-            job.max_attempts,
-            owner,
-            progress_reporter=functools.partial(self._report_progress, job),
-        )
+        info = self._info(job, owner)
         tracing, began = self.context.tracing, time.monotonic()
         try:
             # No timer per job: the lease keeper cancels this task when its time is up. The
@@ -161,6 +153,18 @@ class JobRunner:
             await self._fail(job, str(exc), retryable=False, started=started)
             return
         self.completions.add(job, started, result, self.keeper.lease_ends(task))
+
+    def _info(self, job: Job, owner: str | None) -> JobInfo:
+        """What the handler of `job` is told about it (`owner`: who submitted it, if a user)."""
+        return JobInfo(
+            job.id,
+            job.kind,
+            job.queue,
+            job.attempts,
+            job.max_attempts,
+            owner,
+            progress_reporter=functools.partial(self._report_progress, job),
+        )
 
     def _result(self, job: Job, returned: Any) -> JsonText:
         """What the handler of `job` returned, as the JSON text the queue stores; NotStorable
