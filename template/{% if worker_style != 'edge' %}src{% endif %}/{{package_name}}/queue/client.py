@@ -140,12 +140,12 @@ _TOO_DEEP = "nested too deeply to decode (Python's json stops near 1,000 levels)
 JsonText = NewType("JsonText", str)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Done:
     """A job whose handler returned, and its result (None: the handler returned none)."""
 
     job: Job
-    result: JsonText | None = None
+    result: JsonText | None
 
 
 class QueueClient(QueueFunctions):

@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import operator
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -59,12 +60,16 @@ RIDE_ALONG = 0.05
 LATE = 1.0
 
 
-@dataclass
-class _Done:
-    done: Done
+@dataclass(slots=True)
+class _Done(Done):
+    """A success waiting here: one object a job, the Done the transports read and more."""
+
     started: float  # when its handler started (time.monotonic())
     added: float  # when it was handed in (time.monotonic())
     lease_ends: float  # when its job's lease runs out (time.monotonic())
+
+
+_LEASE_ENDS = operator.attrgetter("lease_ends")
 
 
 class ResultRefused(Exception):
@@ -100,7 +105,7 @@ class Completions:
         (default: a whole lease from now)."""
         now = time.monotonic()
         ends = now + self._context.lease_seconds if lease_ends is None else lease_ends
-        self._pending.append(_Done(Done(job, result), started, now, ends))
+        self._pending.append(_Done(job, result, started, now, ends))
         if not self._claims_expected or len(self._pending) == 1:
             self._changed.set()
 
@@ -125,9 +130,10 @@ class Completions:
             self._alone.extend(late)
             self._changed.set()
         try:
-            yield [entry.done for entry in batch]
+            done: list[Done] = list(batch)
+            yield done
         except Refused as exc:
-            if not any(entry.done.result is not None for entry in batch):
+            if not any(entry.result is not None for entry in batch):
                 self._hand_back(batch)
                 raise
             self._alone.extend(batch)
@@ -178,15 +184,15 @@ class Completions:
     async def _send(self, batch: list[_Done]) -> None:
         """Report `batch` done: the jobs without a result in one call, each other one in a
         call of its own."""
-        plain = [entry for entry in batch if entry.done.result is None]
+        plain = [entry for entry in batch if entry.result is None]
         if plain:
             await self._send_plain(plain)
         await asyncio.gather(
-            *(self._send_result(entry) for entry in batch if entry.done.result is not None)
+            *(self._send_result(entry) for entry in batch if entry.result is not None)
         )
 
     async def _send_plain(self, batch: list[_Done]) -> None:
-        jobs, queue = [entry.done.job for entry in batch], self._context.queue
+        jobs, queue = [entry.job for entry in batch], self._context.queue
         try:
             completed = await report(lambda: queue.complete_many(jobs), self._context)
         except NotReported as exc:
@@ -202,7 +208,7 @@ class Completions:
         self._record(batch, set(completed))
 
     async def _send_result(self, entry: _Done) -> None:
-        job, result, queue = entry.done.job, entry.done.result, self._context.queue
+        job, result, queue = entry.job, entry.result, self._context.queue
         try:
             completed = await report(lambda: queue.complete(job, result), self._context)
         except Refused as exc:
@@ -227,15 +233,17 @@ class Completions:
     def _record(self, batch: list[_Done], completed: set[int] | None) -> None:
         """Count and log the jobs of `batch`, reported; `completed`: the ids the queue said it
         completed, None when it does not say."""
-        jobs, metrics = [entry.done.job for entry in batch], self._context.metrics
+        jobs, metrics = [entry.job for entry in batch], self._context.metrics
         if completed is None:
             metrics.finished(jobs, "done")
         else:
             metrics.finished([job for job in jobs if job.id in completed], "done")
             metrics.finished([job for job in jobs if job.id not in completed], "lost")
         info, now = log.isEnabledFor(logging.INFO), time.monotonic()
+        if not info and completed is None and min(map(_LEASE_ENDS, batch), default=now) >= now:
+            return  # nothing to log: none refused, none late, and job.done not logged
         for entry in batch:
-            refused = completed is not None and entry.done.job.id not in completed
+            refused = completed is not None and entry.job.id not in completed
             late = now > entry.lease_ends
             if refused or late or info:
                 _log_done(entry, refused=refused, late=late)
@@ -250,13 +258,13 @@ class Completions:
                     "event": "job.unreported",
                     "cause": str(exc),
                     "duration_ms": ms_since(entry.started),
-                    **job_fields(entry.done.job),
+                    **job_fields(entry.job),
                 },
             )
 
 
 def _log_done(entry: _Done, *, refused: bool, late: bool) -> None:
-    fields = {"duration_ms": ms_since(entry.started), **job_fields(entry.done.job)}
+    fields = {"duration_ms": ms_since(entry.started), **job_fields(entry.job)}
     if refused:
         log.warning(
             "job done, but the queue refused its success: the job had been taken back (its "

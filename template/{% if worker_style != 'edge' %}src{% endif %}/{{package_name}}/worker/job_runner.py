@@ -16,11 +16,12 @@ import asyncio
 import functools
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
 
-from ..queue import Job, QueueUnavailable
+from ..queue import Job, JsonText, QueueUnavailable
 from ..queue.results import MAX_PROGRESS_BYTES, NotStorable, to_json_text
 from ..registry import (
     JobInfo,
@@ -43,10 +44,16 @@ class JobRunner:
     """Runs the jobs of one worker, each in a task of its own, with the worker's context; its
     lease keeper keeps their leases, its completions report their successes."""
 
-    def __init__(self, context: WorkerContext) -> None:
+    def __init__(
+        self, context: WorkerContext, on_end: Callable[[asyncio.Task[None]], None]
+    ) -> None:
         self.context = context
         self.keeper = LeaseKeeper(context)
         self.completions = Completions(context)
+        # Told by each job's own task as it ends (not by a done callback, which the event
+        # loop would schedule and run as one more step a job).
+        self._on_end = on_end
+        self._loop = asyncio.get_running_loop()
 
     def start(
         self,
@@ -58,30 +65,47 @@ class JobRunner:
     ) -> asyncio.Task[None]:
         """Run `job` in a task of its own, its lease kept (renewed from `renew_at` on) and its
         handler stopped after the kind's timeout; its span a child of `traceparent` when
-        tracing is on; `owner` is the handler's job.owner. Call ended() when the task is
-        done."""
+        tracing is on; `owner` is the handler's job.owner. The task calls `on_end` as it
+        ends; one cancelled before it ever ran does not (see forget())."""
         run = self._run(job, registration, traceparent, owner)
-        task = asyncio.create_task(run, name=f"job-{job.id}")
+        task = self._loop.create_task(run, name=f"job-{job.id}")
         self.keeper.watch(task, job, renew_at, time.monotonic() + registration.timeout)
         return task
 
-    def ended(self, task: asyncio.Task[None], job: Job) -> None:
-        """`task`, which ran `job`, is done."""
+    def forget(self, task: asyncio.Task[None]) -> None:
+        """`task` is done without having ended itself (cancelled before it ran)."""
         self.keeper.forget(task)
-        if not task.cancelled() and (exc := task.exception()) is not None:
-            # _run reports every handler error; this is the queue failing to take one.
-            log.error(
-                "job outcome not recorded; the sweeper will retry the job when its lease ends",
-                exc_info=exc,
-                extra={"event": "job.unrecorded", **job_fields(job)},
-            )
 
     async def _run(
         self,
         job: Job,
         registration: Registration,
-        traceparent: str | None = None,
-        owner: str | None = None,
+        traceparent: str | None,
+        owner: str | None,
+    ) -> None:
+        """Run the job; whatever becomes of it, the keeper forgets it and `on_end` is told."""
+        task = asyncio.current_task(self._loop)
+        assert task is not None, "a job runs in a task of its own"
+        try:
+            await self._attempt(task, job, registration, traceparent, owner)
+        except Exception as exc:
+            # _attempt reports every handler error; this is the queue failing to take one.
+            log.error(
+                "job outcome not recorded; the sweeper will retry the job when its lease ends",
+                exc_info=exc,
+                extra={"event": "job.unrecorded", **job_fields(job)},
+            )
+        finally:
+            self.keeper.forget(task)
+            self._on_end(task)
+
+    async def _attempt(
+        self,
+        task: asyncio.Task[None],
+        job: Job,
+        registration: Registration,
+        traceparent: str | None,
+        owner: str | None,
     ) -> None:
         started = time.monotonic()
         if log.isEnabledFor(logging.INFO):
@@ -96,22 +120,22 @@ class JobRunner:
             error = f"invalid payload for {job.kind!r}: {describe_validation_error(exc)}"
             await self._fail(job, error, retryable=False, started=started)
             return
-        info = JobInfo(
-            job.id,
-            job.kind,
-            job.queue,
-            job.attempts,
-            job.max_attempts,
-            owner,
-            progress_reporter=functools.partial(self._report_progress, job),
-        )
+        info = self._info(job, owner)
+        tracing, began = self.context.tracing, time.monotonic()
         try:
-            # No timer per job: the lease keeper cancels this task when its time is up.
-            returned = await self._handle(job, registration, payload, info, traceparent)
+            # No timer per job: the lease keeper cancels this task when its time is up. The
+            # handler is awaited here, not in a coroutine of its own: one fewer a job.
+            try:
+                if tracing is None:
+                    returned = await registration.func(payload, info)
+                else:
+                    with tracing.span(job, traceparent):
+                        returned = await registration.func(payload, info)
+            finally:  # the handler's time, whatever its outcome
+                self.context.metrics.handler_ran(job, time.monotonic() - began)
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            reason = self.keeper.stopped_because(task) if task is not None else None
-            if task is None or reason is None:
+            reason = self.keeper.stopped_because(task)
+            if reason is None:
                 await self._release(job)  # shutdown
                 raise
             task.uncancel()
@@ -123,19 +147,34 @@ class JobRunner:
         except Exception as exc:
             await self._fail(job, describe_exception(exc), retryable=True, started=started)
             return
-        result = None
-        if returned is not None:
-            try:
-                result = to_json_text(
-                    returned,
-                    what=f"the result of job {job.id} ({job.kind!r})",
-                    limit=self.context.max_result_bytes,
-                    limit_name="max_result_bytes",
-                )
-            except NotStorable as exc:
-                await self._fail(job, str(exc), retryable=False, started=started)
-                return
-        self.completions.add(job, started, result, self.keeper.lease_ends(asyncio.current_task()))
+        try:
+            result = None if returned is None else self._result(job, returned)
+        except NotStorable as exc:
+            await self._fail(job, str(exc), retryable=False, started=started)
+            return
+        self.completions.add(job, started, result, self.keeper.lease_ends(task))
+
+    def _info(self, job: Job, owner: str | None) -> JobInfo:
+        """What the handler of `job` is told about it (`owner`: who submitted it, if a user)."""
+        return JobInfo(
+            job.id,
+            job.kind,
+            job.queue,
+            job.attempts,
+            job.max_attempts,
+            owner,
+            progress_reporter=functools.partial(self._report_progress, job),
+        )
+
+    def _result(self, job: Job, returned: Any) -> JsonText:
+        """What the handler of `job` returned, as the JSON text the queue stores; NotStorable
+        when it is not JSON or over max_result_bytes."""
+        return to_json_text(
+            returned,
+            what=f"the result of job {job.id} ({job.kind!r})",
+            limit=self.context.max_result_bytes,
+            limit_name="max_result_bytes",
+        )
 
     async def _stopped(
         self, job: Job, reason: StopReason, registration: Registration, started: float
@@ -151,25 +190,6 @@ class JobRunner:
             "job stopped: its lease was lost (another attempt owns it now)",
             extra={"event": "job.lost", "duration_ms": ms_since(started), **job_fields(job)},
         )
-
-    async def _handle(
-        self,
-        job: Job,
-        registration: Registration,
-        payload: Any,
-        info: JobInfo,
-        traceparent: str | None,
-    ) -> Any:
-        """Run the handler (in a span, when tracing is on), and time it whatever its outcome."""
-        began = time.monotonic()
-        try:
-            tracing = self.context.tracing
-            if tracing is None:
-                return await registration.func(payload, info)
-            with tracing.span(job, traceparent):
-                return await registration.func(payload, info)
-        finally:
-            self.context.metrics.handler_ran(job, time.monotonic() - began)
 
     async def _report_progress(self, job: Job, progress: Any) -> bool:
         """JobInfo.report_progress() of `job`: False when its token is stale. Through an outage

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 StopReason = Literal["timeout", "lease_lost"]
 
 
-@dataclass
+@dataclass(slots=True)
 class _Lease:
     """When a job's lease is next due for renewal and when its handler's time is up
     (time.monotonic() readings)."""

@@ -135,7 +135,7 @@ class Worker:
             context = await self._build_context()
             if context is None:
                 return  # stopped before the database answered
-            self._runner = JobRunner(context)
+            self._runner = JobRunner(context, self._ended)
         runner = self._runner
         completions, keeper = runner.completions, runner.keeper
         reporting = asyncio.create_task(completions.run(), name="completions")
@@ -331,13 +331,11 @@ class Worker:
         registration = self._handlers.get(job.kind)
         # The claim named only the kinds registered here, and a registry only ever grows.
         assert registration is not None, f"claimed a job of kind {job.kind!r} with no handler"
-        task = runner.start(job, registration, renew_at, traceparent, owner)
-        self._running[task] = job
-        task.add_done_callback(self._ended)
+        self._running[runner.start(job, registration, renew_at, traceparent, owner)] = job
 
     def _ended(self, task: asyncio.Task[None]) -> None:
-        assert self._runner is not None, "jobs are started only inside _loop()"
-        self._runner.ended(task, self._running.pop(task))
+        """A job's task is ending (it says so itself: see JobRunner)."""
+        self._running.pop(task, None)
         self._changed.set()
 
     async def _job_ended(self) -> None:
@@ -372,3 +370,8 @@ class Worker:
         for task in unfinished:
             task.cancel()
         await asyncio.gather(*unfinished, return_exceptions=True)
+        # A task cancelled before it ever ran could not say it ended.
+        assert self._runner is not None, "jobs are started only inside _loop()"
+        for task in unfinished:
+            if self._running.pop(task, None) is not None:
+                self._runner.forget(task)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 import collections
 import itertools
+import operator
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal
@@ -213,4 +214,8 @@ class _HandlerDurationsCollector:
 def _tally(jobs: Iterable[Job]) -> collections.Counter[tuple[str, str]]:
     """How many of `jobs` each queue and kind has: the counters are incremented once per
     batch and kind, not once per job (an increment takes a lock)."""
-    return collections.Counter((job.queue, job.kind) for job in jobs)
+    return collections.Counter(map(_QUEUE_AND_KIND, jobs))
+
+
+# (job.queue, job.kind), read in C: a generator costs a tenth of a microsecond more a job.
+_QUEUE_AND_KIND = operator.attrgetter("queue", "kind")
