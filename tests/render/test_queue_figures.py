@@ -72,7 +72,6 @@ def test_the_figures_are_printed_and_add_up(project: Path) -> None:
     assert found["longest_function_lines"] <= found["claim_path_lines"] < found["lines"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 48: the rewrite is in progress")
 def test_the_queues_sql_keeps_issue_48s_budget(project: Path) -> None:
     """Issue 48's budget, for every worker style: each file at most 900 lines, all together
     4,500; at most 3% of code lines in repeated 6-line runs; the claim path at most 700 lines;

@@ -30,12 +30,7 @@ GROUPS = [
 # are (internal ones take a leading `_` there): neither listed nor granted until then. Remove
 # a name once its file has renamed it.
 NOT_YET_RENAMED = {
-    "backoff", "batch_slices", "checked_traceparent", "claim_allowance", "claim_front",
-    "complete_claimed", "complete_jobs", "end_attempts", "enqueue_batches", "enqueue_keyed",
-    "enqueue_scheduled", "holds", "is_running", "is_traceparent", "jobs_wake_workers",
-    "key_holder", "keyed_candidates", "notify_workers", "prune", "runnable_jobs",
-    "setting_name_refusal", "take_back_rescued", "take_keyed", "take_rows", "take_runnable",
-    "take_tokens", "wake", "wake_signature", "wake_up_target", "worker_url_refusal",
+    "backoff", "enqueue_scheduled", "key_holder", "setting_name_refusal", "worker_url_refusal",
 }  # fmt: skip
 
 

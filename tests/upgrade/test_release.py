@@ -29,10 +29,10 @@ from tests.support.schema import differences, queue_schema
 
 MIGRATIONS = "supabase/migrations"
 # a new project's migrations: 1.3.0's baseline, by topic, in the order they apply
-BASELINE_TOPICS = ["tables", "enqueue", "claim", "failure", "flow_control", "jobs_and_results",
-                   "observability", "client_jobs", "configuration"]  # fmt: skip
+BASELINE_TOPICS = ["tables", "enqueue", "claim", "running_jobs", "failure", "flow_control",
+                   "jobs_and_results", "observability", "client_jobs", "configuration"]  # fmt: skip
 BASELINE = [
-    f"2026120900000{i}_pgqueue_1_3_0_{topic}.sql" for i, topic in enumerate(BASELINE_TOPICS, 1)
+    f"20261209{i:06d}_pgqueue_1_3_0_{topic}.sql" for i, topic in enumerate(BASELINE_TOPICS, 1)
 ]
 # `create [or replace] <kind> [if not exists] <schema>.<name>`, and `create trigger <name>`
 DEFINITION = re.compile(
@@ -114,7 +114,8 @@ def test_a_new_project_defines_each_queue_object_once(
     # _unbatch(), _rescue_expired() (+5; prune() is _prune()); flow_control.sql's
     # _check_queue_name() (+1); the named steps of metrics(), health() and configure():
     # _live_counts(), _wake_up_health(), _check_settings() (+3); the inlined _due_bucket() (+1);
-    # the claim's steps (25 functions in claim.sql before, 26 after: +1)
+    # the claim's steps (25 functions in claim.sql before its split, 26 in claim.sql and
+    # running_jobs.sql after: +1)
     functions = [n for n in counts if n.startswith("function ")]
     assert len(functions) == 68 + 1 + 6 - 1 + 5 + 1 + 3 + 1 + 1
     assert long_functions(baseline_sql(project)) == {}

@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import copier
+import jinja2
+import pathspec
 import pytest
 import yaml
 from psycopg.types.json import Jsonb
@@ -405,6 +407,23 @@ def released_migration_changes(release: Path, head: Path) -> list[str]:
         elif new.read_bytes() != old.read_bytes():
             problems.append(f"{old.name}: released, rendered differently at HEAD")
     return problems
+
+
+def test_update_excludes_every_baseline_migration_and_no_step() -> None:
+    """copier.yml's `_exclude` on update: every release's baseline files (a project keeps the
+    ones it was created with), never a step a project updated from a release must get."""
+    patterns = yaml.safe_load((REPO / "copier.yml").read_text())["_exclude"]
+    rendered = [jinja2.Template(p).render(_copier_operation="update") for p in patterns]
+    # the pattern style copier itself uses
+    style = "gitignore" if int(pathspec.__version__.split(".")[0]) >= 1 else "gitwildmatch"
+    spec = pathspec.PathSpec.from_lines(style, [p for p in rendered if p])
+    names = re.compile(r"^\{% if queue_baseline == [^%]+%\}(?P<name>.+)\{% endif")
+    found = {m["name"] for p in (REPO / MIGRATIONS).iterdir() if (m := names.match(p.name))}
+    baselines = found - STEPS
+    assert len(baselines) == 4 + 1 + 1 + 1 + len(BASELINE), sorted(baselines)
+    migrations = "supabase/migrations/"
+    assert [b for b in sorted(baselines) if not spec.match_file(migrations + b)] == []
+    assert [s for s in sorted(STEPS) if spec.match_file(migrations + s)] == []
 
 
 @pytest.mark.parametrize("ref", RELEASES)
