@@ -194,6 +194,20 @@ def test_sweeps_and_keyed_claims_never_deadlock_and_lose_nothing(
         {"kind": "k", "concurrency_key": keys[i % 12], "payload": {"n": i}, "max_attempts": 100}
         for i in range(60_000)
     ]
+    # the dying worker's jobs, under keys of their own (limit 2 too), so that however busy the
+    # machine, the workers never hold every slot it could claim
+    dying_keys = [f"dying-{i}" for i in range(4)]
+    for key in dying_keys:
+        db.execute("select pgqueue.set_concurrency_limit(%s, 2)", (key,))
+    jobs += [
+        {
+            "kind": "d",
+            "concurrency_key": dying_keys[i % 4],
+            "payload": {"n": i},
+            "max_attempts": 100,
+        }
+        for i in range(2_000)
+    ]
     ids = [r[0] for r in db.execute("select pgqueue.enqueue_many(%s)", (Jsonb(jobs),))]
     (rescues_before,) = db.execute(
         "select value from pgqueue.counters where name = 'lease_rescues'"
@@ -214,7 +228,9 @@ def test_sweeps_and_keyed_claims_never_deadlock_and_lose_nothing(
             batch: list[dict] = []
             while True:
                 try:
-                    nxt = complete_and_claim(conn, batch, max_jobs=0 if stop.is_set() else 10)
+                    nxt = complete_and_claim(
+                        conn, batch, max_jobs=0 if stop.is_set() else 10, kinds=["k"]
+                    )
                 except psycopg.Error as exc:
                     failed(name, exc)
                     continue  # nothing of the call happened: complete the same batch again
@@ -228,7 +244,7 @@ def test_sweeps_and_keyed_claims_never_deadlock_and_lose_nothing(
         with stack.connect(autocommit=True) as conn:
             while not stop.wait(0.5):
                 try:
-                    complete_and_claim(conn, max_jobs=4, lease_seconds=1)
+                    complete_and_claim(conn, max_jobs=4, lease_seconds=1, kinds=["d"])
                 except psycopg.Error as exc:
                     failed("dying worker", exc)
 
