@@ -131,31 +131,31 @@ def release_version(ref: str) -> str:
     return {commit: version for version, commit in RELEASES.items()}[ref]
 
 
+def _baselines() -> dict[str, list[str]]:
+    """Each release's baseline migrations, as rendered and in the order they apply, read from
+    the names of template/supabase/migrations (each with a condition on `queue_baseline`)."""
+    condition = re.compile(
+        r"^\{% if queue_baseline == '(?P<release>[\d.]+)' %\}(?P<name>.+)\{% endif %\}\.jinja$"
+    )
+    found: dict[str, list[str]] = {}
+    for p in sorted((REPO / "template/supabase/migrations").iterdir()):
+        if m := condition.match(p.name):
+            found.setdefault(m["release"], []).append(m["name"])
+    return {release: sorted(names) for release, names in found.items()}
+
+
 def current_baseline() -> str:
     """The release whose baseline a new project gets at HEAD: the newest of the baseline
-    migrations in template/ (each named with a condition on `queue_baseline`). While a release
-    is being made it is newer than every one of RELEASES; once cut, it is the newest of them."""
-    found = re.findall(
-        r"queue_baseline == '(\d+\.\d+\.\d+)'",
-        "\n".join(p.name for p in (REPO / "template/supabase/migrations").iterdir()),
-    )
-    return max(found, key=lambda v: tuple(map(int, v.split("."))))
+    migrations in template/. While a release is being made it is newer than every one of
+    RELEASES; once cut, it is the newest of them."""
+    return max(_baselines(), key=lambda v: tuple(map(int, v.split("."))))
 
 
 def baseline_migrations(release: str | None = None) -> list[str]:
     """The queue migrations a project created at `release` (the current baseline by default)
     starts from, as rendered, in the order they apply: one file up to 1.2.0, a few topic files
     from 1.3.0 on."""
-    release = release or current_baseline()
-    condition = re.compile(
-        r"^\{% if queue_baseline == '(?P<release>[\d.]+)' %\}(?P<name>.+)\{% endif %\}\.jinja$"
-    )
-    found = [
-        m
-        for p in (REPO / "template/supabase/migrations").iterdir()
-        if (m := condition.match(p.name))
-    ]
-    return sorted(m["name"] for m in found if m["release"] == release)
+    return _baselines()[release or current_baseline()]
 
 
 def previous_release() -> str:

@@ -104,6 +104,17 @@ def enqueue_plan(
     return ids  # type: ignore[return-value]
 
 
+def enqueue_slow(db: psycopg.Connection, count: int, seconds: float = 1.0) -> list[int]:
+    """`count` jobs of the handler `slow`, each sleeping `seconds`: their ids."""
+    return [
+        row[0]
+        for row in db.execute(
+            "select pgqueue.enqueue('slow', %s) from generate_series(1, %s)",
+            (Jsonb({"seconds": seconds}), count),
+        )
+    ]
+
+
 def stream(
     db: psycopg.Connection,
     plan: Plan,

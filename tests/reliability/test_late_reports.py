@@ -16,14 +16,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from psycopg.types.json import Jsonb
 
 from testkit.cluster import Cluster
 from tests.support.jobs import wait_until
 from tests.support.workers import WorkerProcess
 
 from .conftest import PYTHON, Fleet
-from .harness import Door, executions, figures
+from .harness import Door, enqueue_slow, executions, figures
 
 LEASE_SECONDS = 3
 JOBS = 6
@@ -73,13 +72,7 @@ def successes_behind_a_shut_door(
     workers = fleet(PYTHON, DB_URL=dsn, WORKER_LEASE_SECONDS=LEASE_SECONDS, LOG_LEVEL="INFO")
     worker = workers.start(WORKER_NAME="late-reporter", **settings)
     with own_cluster.connect(autocommit=True) as conn:
-        ids = [
-            row[0]
-            for row in conn.execute(
-                "select pgqueue.enqueue('slow', %s) from generate_series(1, %s)",
-                (Jsonb({"seconds": 1.0}), JOBS),
-            )
-        ]
+        ids = enqueue_slow(conn, JOBS)
     wait_until(lambda: len(executions(audit_dir)) == JOBS, timeout=10, what="every job to start")
     door.shut()
     wait_until(

@@ -12,8 +12,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from psycopg.types.json import Jsonb
-
 from testkit.cluster import Cluster
 from tests.support.jobs import wait_until
 
@@ -24,6 +22,7 @@ from .harness import (
     Sweeper,
     audit,
     enqueue_plan,
+    enqueue_slow,
     executions,
     figures,
     wait_drained,
@@ -124,13 +123,7 @@ def test_successes_reach_a_restarted_server_at_once(
     workers = fleet(PYTHON, DB_URL=own_cluster.dsn(), WORKER_LEASE_SECONDS=8)
     workers.start(ready=False, WORKER_NAME="restarted")
     with own_cluster.connect(autocommit=True) as conn:
-        ids = [
-            row[0]
-            for row in conn.execute(
-                "select pgqueue.enqueue('slow', %s) from generate_series(1, %s)",
-                (Jsonb({"seconds": 1.0}), SLOW_JOBS),
-            )
-        ]
+        ids = enqueue_slow(conn, SLOW_JOBS)
     with Sweeper(own_cluster.dsn(), interval=0.2):
         wait_until(
             lambda: len(executions(audit_dir)) == SLOW_JOBS,
