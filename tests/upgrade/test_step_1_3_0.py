@@ -53,8 +53,9 @@ def test_the_step_moves_the_releases_in_a_row_of_queued_and_running_jobs(
                 "select releases from pgqueue.jobs where id = %s", (queued,)
             ).fetchone() == (2,)
             assert db.execute(
-                "select releases from pgqueue.claims where %s = any (ids)", (running,)
-            ).fetchone() == ([1],)
+                "select e.releases from pgqueue.claims as c, unnest(c.jobs) as e where e.id = %s",
+                (running,),
+            ).fetchone() == (1,)
             # the running job's second release in a row, then the queued job's third: counted
             assert db.execute("select pgqueue.release(%s, %s)", (running, token)).fetchone() == (
                 True,
