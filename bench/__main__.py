@@ -20,6 +20,7 @@ from . import (
     flow_control,
     generated_worker,
     hot_path_steps,
+    kept_tables,
     peers,
     queue_sql,
     report,
@@ -241,6 +242,12 @@ def _parser() -> argparse.ArgumentParser:
         "per job, jobs/s)",
     )
     parser.add_argument(
+        "--kept-tables",
+        action="store_true",
+        help="instead of the scenarios: what claimed_keys and job_progress buy, against the "
+        "statements a claim row holding their data would run (server CPU and WAL per call)",
+    )
+    parser.add_argument(
         "--worker-overhead",
         action="store_true",
         help="instead of the scenarios: the generated worker's own CPU time and instructions "
@@ -283,7 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.now(UTC)
     out = args.out or REPO / "bench" / "results" / f"{started:%Y%m%dT%H%M%SZ}.json"
     known = _known(sizes)
-    wanted = [] if args.sql_variants or args.hot_path_steps else args.only or known
+    wanted = (
+        [] if args.sql_variants or args.hot_path_steps or args.kept_tables else args.only or known
+    )
     unknown = set(wanted) - set(known)
     if unknown:
         names = ", ".join(known)
@@ -321,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.hot_path_steps:
             print("bench: hot path steps", file=sys.stderr)
             raw = hot_path_steps.run(stack, sizes.jobs, args.repeats)
+        elif args.kept_tables:
+            print("bench: what claimed_keys and job_progress buy", file=sys.stderr)
+            raw = kept_tables.run(stack, args.repeats)
         else:
             raw = _run_scenarios(stack, sizes, wanted, args.repeats, document, args.linger)
             if args.profile:

@@ -314,6 +314,25 @@ def test_hot_path_steps_each_change_what_it_says(tmp_path: Path) -> None:
         assert f"target flow_control {figure} / done_batches" in printed
 
 
+def test_kept_tables_measure_both_designs_and_check_their_answers(tmp_path: Path) -> None:
+    """`--kept-tables` runs the queue's calls and the merged design's statements taking turns;
+    each design must answer as the queue does (the run fails when the merged key_holder() does
+    not find a running job by its key, or a merged report is not shown), and WAL is written
+    for every figure, so no call measured nothing."""
+    run([BENCH, "--setup-only"], timeout=900)
+    out = tmp_path / "kept.json"
+
+    run([BENCH, "--smoke", "--kept-tables", "--repeats", "2", "--out", out], timeout=300)
+
+    scenarios = json.loads(out.read_text())["scenarios"]
+    calls = ("enqueue_keyed", "enqueue_many_keyed", "progress")
+    assert set(scenarios) == {f"{c}_{d}" for c in calls for d in ("kept", "merged")}
+    for name, figures in scenarios.items():
+        assert len(figures["server_cpu_us_per_job"]["values"]) == 2, name
+        assert figures["server_cpu_us_per_job"]["min"] > 0, name
+        assert figures["wal_bytes_per_job"]["min"] > 0, name
+
+
 def test_worker_overhead_counts_the_workers_own_cost(tmp_path: Path) -> None:
     """`--worker-overhead` drains jobs through the rendered worker from a queue in memory (the
     child fails the run unless every job was completed and counted done) and reports its CPU
