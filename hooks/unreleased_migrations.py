@@ -45,6 +45,7 @@ RELEASES = {
     "1.0.0": "da6d237aaf83aceef25e630a77de5da765088ab2",
     "1.1.0": "cad73d8a523a55df1a68499063534f5c45091eaf",
     "1.2.0": "d63641ba6ef4889656c002659d1a71dbb8c49204",
+    "1.3.0": "c5d7f43aff82a7ef71cc79114d794b136192348f",
 }
 MIGRATIONS = Path("supabase/migrations")
 MARKER = "-- pgqueue-template repair: "
