@@ -42,8 +42,12 @@ def jobs(db: psycopg.Connection) -> list[tuple]:
             },
             "wall-clock limit",
         ),
-        # Unloaded 7 s into its life, long before any deadline (a CPU or memory limit).
-        ({"EDGE_RUNTIME_UNLOAD_AFTER_MS": "7000"}, "unload"),
+        # Unloaded 7 s into its life, long before any deadline: the runtime's beforeunload at
+        # 90% of its CPU limit.
+        (
+            {"EDGE_RUNTIME_UNLOAD_AFTER_MS": "7000", "EDGE_RUNTIME_UNLOAD_REASON": "cpu"},
+            "unload",
+        ),
     ],
     ids=["late-wake-up-in-an-old-isolate", "beforeunload"],
 )
@@ -68,6 +72,8 @@ def test_jobs_running_when_the_isolate_ends_go_back_to_the_queue_unspent(
         assert jobs(db) == [("done", 1, None)] + [("queued", 0, None)] * 5, worker.output()
         [summary] = summaries(worker)
         assert summary["stoppedBy"] == stopped_by
+        if stopped_by == "unload":
+            assert summary["unloadReason"] == "cpu"
         assert (summary["completed"], summary["released"]) == (1, 5)
         assert (
             db.execute("select count(*) from pgqueue.all_jobs where run_after <= now()").fetchone()[

@@ -126,8 +126,9 @@ def test_answers_reach_the_function(template: Path, tmp_path: Path, deno: Deno) 
     settings = (function_dir / "settings.ts").read_text()
     assert 'export const FUNCTION_NAME = "jobs-runner";' in settings
     assert 'const DEFAULT_SCHEMA = "background_jobs";' in settings
-    # The lease lives in the database (its config table), not in the function's code.
+    # The database's lease (its config table) is not the function's: its claims ask for a
+    # short one of their own (PGQUEUE_LEASE_SECONDS), renewed while their jobs run.
     assert "45" not in settings
-    assert '"PGQUEUE_LEASE_SECONDS", undefined' in settings
+    assert "const DEFAULT_LEASE_SECONDS = 60;" in settings
     deno.run("fmt", "--check", cwd=function_dir)
     deno.run("lint", cwd=function_dir)

@@ -19,8 +19,14 @@ const settings: Settings = {
   maxJobsInFlight: 10,
   timeBudgetMs: 10_000,
   wallClockLimitMs: 150_000,
+  leaseSeconds: 60,
   lingerMs: 0,
   lingerPollMs: 10,
+  cpuSoftLimitMs: 1000,
+  cpuHardLimitMs: 2000,
+  cpuHeavyKinds: [],
+  cpuHeavyPerIsolate: 1,
+  logLevel: "info",
 };
 
 const handlers = { ok: defineHandler(z.object({}), () => {}) };

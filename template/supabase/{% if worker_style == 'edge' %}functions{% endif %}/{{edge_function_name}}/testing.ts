@@ -1,8 +1,8 @@
 // Test helpers (used by the *_test.ts files only): an in-memory queue that follows the SQL
 // functions' rules for claims, leases, lock tokens, attempts, results and progress, a
-// handler's context for tests of one handler, a clock that tests move, a Data API that
-// records what it is sent (withApi), and the handlers, options and waits the drain's tests
-// share.
+// handler's context for tests of one handler, a clock that tests move, a CPU meter that
+// handlers spend on, a Data API that records what it is sent (withApi), and the handlers,
+// options and waits the drain's tests share.
 import assert from "node:assert/strict";
 import { z } from "zod";
 import {
@@ -26,6 +26,7 @@ import {
   type WorkerQueue,
 } from "./queue.ts";
 import { type DrainOptions, type DrainSummary, startDrain } from "./worker.ts";
+import type { CpuMeter } from "./cpu.ts";
 
 export interface StoredJob extends ClaimedJob {
   status: "queued" | "running" | "done" | "failed";
@@ -56,6 +57,10 @@ export class MemoryQueue implements WorkerQueue {
   backoffMs = 2500;
   /** Called before each call, e.g. to move a fake clock on or to throw. */
   beforeCall: (call: Call) => void = () => {};
+  /** Each heartbeatMany() call: the ids it renewed and the lease it asked for. */
+  heartbeats: { ids: number[]; leaseSeconds: number }[] = [];
+  /** Called before each heartbeatMany(), e.g. to throw. */
+  beforeHeartbeat: () => void = () => {};
 
   add(
     kind: string,
@@ -163,6 +168,31 @@ export class MemoryQueue implements WorkerQueue {
   checkin(worker: string, queue: string, kinds: string[]): Promise<void> {
     this.checkins.push({ worker, queue, kinds });
     return Promise.resolve();
+  }
+
+  /** heartbeat_many(): renews the leases still held (never shortening one); their ids. */
+  heartbeatMany(attempts: readonly Attempt[], leaseSeconds: number): Promise<number[]> {
+    this.heartbeats.push({ ids: attempts.map(({ id }) => id), leaseSeconds });
+    try {
+      this.beforeHeartbeat();
+    } catch (error) {
+      return Promise.reject(error);
+    }
+    const held = attempts.flatMap((attempt) => {
+      const job = this.holder(attempt);
+      if (job === undefined) return [];
+      const renewed = Date.now() + 1000 * leaseSeconds;
+      if (renewed > Date.parse(job.locked_until)) {
+        job.locked_until = new Date(renewed).toISOString();
+      }
+      return [job.id];
+    });
+    return Promise.resolve(held);
+  }
+
+  /** The leases claims asked for, in order. */
+  get leases(): (number | undefined)[] {
+    return this.claims.map((claim) => claim.leaseSeconds);
   }
 
   /** release(): the job goes back to the queue, due now, its attempt not counted. */
@@ -290,6 +320,31 @@ export class FakeClock {
   }
 }
 
+/**
+ * A CPU meter for the drain (cpu.ts's CpuMeter): handlers spend on it (`spend(ms)`), as a
+ * synchronous loop would hold the isolate's thread.
+ */
+export class FakeCpuMeter implements CpuMeter {
+  busy = 0;
+  watching = false;
+  private readonly listeners = new Set<() => void>();
+
+  busyMs = (): number => this.busy;
+  hold = <T>(run: () => T): T => run();
+  watch = (on: boolean): void => {
+    this.watching = on;
+  };
+  onBusy = (listener: () => void): () => void => {
+    this.listeners.add(listener);
+    return () => this.listeners.delete(listener);
+  };
+
+  spend(ms: number): void {
+    this.busy += ms;
+    for (const listener of this.listeners) listener();
+  }
+}
+
 // -- drains ----------------------------------------------------------------------------------
 
 /** The `ok` kind: records each job's `n` in `ran`. */
@@ -317,7 +372,7 @@ export const drainHandlers: HandlerMap = {
     })),
 };
 
-/** A drain's options for tests: batches of 3, a 10 s budget, no linger, no logs. */
+/** A drain's options for tests: 3 slots, a 10 s budget, no linger, no logs. */
 export function drainOptions(
   queue: MemoryQueue,
   overrides: Partial<DrainOptions> = {},
