@@ -146,10 +146,18 @@ export class CpuBudget {
   }
 }
 
-/** A meter that counts nothing: no budget (tests of everything but the budget). */
-export const uncountedMeter: CpuMeter = {
-  busyMs: () => 0,
-  hold: (run) => run(),
-  watch: () => {},
-  onBusy: () => () => {},
-};
+/** A budget without limits, on a meter that counts nothing (a drain given no budget). */
+export function unlimitedBudget(): CpuBudget {
+  const uncounted: CpuMeter = {
+    busyMs: () => 0,
+    hold: (run) => run(),
+    watch: () => {},
+    onBusy: () => () => {},
+  };
+  return new CpuBudget(uncounted, {
+    softLimitMs: Infinity,
+    hardLimitMs: Infinity,
+    heavyKinds: [],
+    heavyPerIsolate: 0,
+  });
+}

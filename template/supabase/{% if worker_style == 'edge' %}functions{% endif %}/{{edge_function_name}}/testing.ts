@@ -1,8 +1,8 @@
 // Test helpers (used by the *_test.ts files only): an in-memory queue that follows the SQL
 // functions' rules for claims, leases, lock tokens, attempts, results and progress, a
-// handler's context for tests of one handler, a clock that tests move, a CPU meter that
-// handlers spend on, a Data API that records what it is sent (withApi), and the handlers,
-// options and waits the drain's tests share.
+// handler's context for tests of one handler, a Data API that records what it is sent
+// (withApi), and the handlers, options and waits the drain's tests share; with the clock that
+// tests move and the CPU meter handlers spend on (fakes.ts).
 import assert from "node:assert/strict";
 import { z } from "zod";
 import {
@@ -26,7 +26,7 @@ import {
   type WorkerQueue,
 } from "./queue.ts";
 import { type DrainOptions, type DrainSummary, startDrain } from "./worker.ts";
-import type { CpuMeter } from "./cpu.ts";
+export { FakeClock, FakeCpuMeter } from "./fakes.ts";
 
 export interface StoredJob extends ClaimedJob {
   status: "queued" | "running" | "done" | "failed";
@@ -282,67 +282,6 @@ export function jobContext(
     },
     reported,
   };
-}
-
-/**
- * A clock for the drain (clock.ts's Clock): sleeping moves it on at once, a timeout's signal
- * aborts when the clock passes its time, and so does what a test scheduled with `at()`.
- */
-export class FakeClock {
-  time = 0;
-  private scheduled: { at: number; run: () => void }[] = [];
-
-  now = (): number => this.time;
-
-  sleep = (ms: number): Promise<void> => {
-    this.advance(ms);
-    return Promise.resolve();
-  };
-
-  timeout = (ms: number): AbortSignal => {
-    const controller = new AbortController();
-    const abort = () =>
-      controller.abort(new DOMException(`timed out after ${ms} ms`, "TimeoutError"));
-    if (ms <= 0) abort();
-    else this.at(this.time + ms, abort);
-    return controller.signal;
-  };
-
-  advance(ms: number): void {
-    this.time += ms;
-    const due = this.scheduled.filter((item) => item.at <= this.time);
-    this.scheduled = this.scheduled.filter((item) => item.at > this.time);
-    for (const item of due) item.run();
-  }
-
-  at(time: number, run: () => void): void {
-    this.scheduled.push({ at: time, run });
-  }
-}
-
-/**
- * A CPU meter for the drain (cpu.ts's CpuMeter): handlers spend on it (`spend(ms)`), as a
- * synchronous loop would hold the isolate's thread.
- */
-export class FakeCpuMeter implements CpuMeter {
-  busy = 0;
-  watching = false;
-  private readonly listeners = new Set<() => void>();
-
-  busyMs = (): number => this.busy;
-  hold = <T>(run: () => T): T => run();
-  watch = (on: boolean): void => {
-    this.watching = on;
-  };
-  onBusy = (listener: () => void): () => void => {
-    this.listeners.add(listener);
-    return () => this.listeners.delete(listener);
-  };
-
-  spend(ms: number): void {
-    this.busy += ms;
-    for (const listener of this.listeners) listener();
-  }
 }
 
 // -- drains ----------------------------------------------------------------------------------
