@@ -29,10 +29,14 @@ def test_only_the_edge_style_has_a_function(template: Path, tmp_path: Path, styl
         # A wake-up carries no JWT, only its Standard Webhooks signature, so the gateway must
         # let it through; the function checks the signature itself.
         assert config["functions"] == {"job-worker": {"enabled": True, "verify_jwt": False}}
+        # The jobs run after the 202: the runtime must keep the isolate after its response
+        # ("oneshot", older CLIs' default, ends it there).
+        assert config["edge_runtime"] == {"policy": "per_worker"}
     else:
         assert not (project / "supabase" / "functions").exists()
         assert not [p for p in rendered_files(project) if p.suffix == ".ts"]
         assert "functions" not in config
+        assert "edge_runtime" not in config
 
 
 @pytest.mark.quick
