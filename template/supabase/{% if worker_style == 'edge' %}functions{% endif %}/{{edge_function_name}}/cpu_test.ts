@@ -31,7 +31,7 @@ Deno.test("while watching, the event loop's lag counts, and a hold is not counte
     spin(300);
     await tick(120);
     const lagged = meter.busyMs();
-    assert.ok(lagged >= 200, `${lagged} ms of lag counted`);
+    assert.ok(lagged >= 150, `${lagged} ms of lag counted`);
     assert.ok(told > 0, "its listeners were told");
 
     // Held in a handler's call: counted once, not again as lag.

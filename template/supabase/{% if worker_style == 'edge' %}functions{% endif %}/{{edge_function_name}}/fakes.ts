@@ -49,6 +49,9 @@ export class FakeCpuMeter implements CpuMeter {
 
   busyMs = (): number => this.busy;
   hold = <T>(run: () => T): T => run();
+  charge = (ms: number): void => {
+    this.busy += ms;
+  };
   watch = (on: boolean): void => {
     this.watching = on;
   };

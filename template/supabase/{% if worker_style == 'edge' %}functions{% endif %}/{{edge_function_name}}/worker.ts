@@ -9,9 +9,9 @@
 // in a row); completions that no claim took along are sent before the drain ends. (Each job's
 // run: run_job.ts; how each job's end is reported: report.ts.)
 import { type Clock, systemClock } from "./clock.ts";
-import { type CpuBudget, unlimitedBudget } from "./cpu.ts";
+import { charged, type CpuBudget, unlimitedBudget } from "./cpu.ts";
 import { jobLog, type LogEvent, logJson } from "./log.ts";
-import type { ClaimedJob, DoneJob } from "./queue.ts";
+import type { ClaimedJob, DoneJob, WorkerQueue } from "./queue.ts";
 import { JobOwners } from "./owners.ts";
 import { Reporter } from "./report.ts";
 import { describe, type JobRunContext, runJob } from "./run_job.ts";
@@ -55,6 +55,8 @@ class QueueDrain implements Drain {
   private readonly log: (event: LogEvent) => void;
   private readonly kinds: string[];
   private readonly cpu: CpuBudget;
+  // The queue, each call charged to the CPU budget.
+  private readonly queue: WorkerQueue;
   private readonly started: number;
   private readonly cpuAtStart: number;
   /** When claiming stops and running handlers are cut off; and why then. */
@@ -83,6 +85,7 @@ class QueueDrain implements Drain {
     this.log = options.log ?? logJson;
     this.kinds = Object.keys(options.handlers);
     this.cpu = options.cpu ?? unlimitedBudget();
+    this.queue = charged(options.queue, this.cpu.meter);
     this.started = this.clock.now();
     this.cpuAtStart = this.cpu.meter.busyMs();
     const limitMs = options.wallClockLimitMs;
@@ -98,7 +101,7 @@ class QueueDrain implements Drain {
       this.clock,
     );
     this.leases = new Leases({
-      queue: options.queue,
+      queue: this.queue,
       clock: this.clock,
       log: this.log,
       capSeconds: options.leaseSeconds,
@@ -110,7 +113,7 @@ class QueueDrain implements Drain {
     this.waits = new Waits(this.clock, options.lingerPollMs, options.lingerMs ?? 0);
     const jobLines = jobLog(this.log, options.logLevel);
     this.reporter = new Reporter({
-      queue: options.queue,
+      queue: this.queue,
       counts: this.summary,
       log: this.log,
       jobLog: jobLines,
@@ -119,7 +122,7 @@ class QueueDrain implements Drain {
     });
     this.context = {
       handlers: options.handlers,
-      queue: options.queue,
+      queue: this.queue,
       clock: this.clock,
       jobLog: jobLines,
       meter: this.cpu.meter,
@@ -127,7 +130,7 @@ class QueueDrain implements Drain {
       callSignal: () => this.callSignal(),
     };
     this.addQueues(queues);
-    this.owners = new JobOwners(options.queue, this.callSignal(), this.log);
+    this.owners = new JobOwners(this.queue, this.callSignal(), this.log);
     this.done = this.run();
   }
 
@@ -310,7 +313,7 @@ class QueueDrain implements Drain {
   /** One complete_and_claim() call: completes `done`, claims up to `maxJobs` of `lane`. */
   private call(lane: Lane, maxJobs: number, done: readonly DoneJob[]): Promise<ClaimedJob[]> {
     this.summary.calls += 1;
-    return this.options.queue.completeAndClaim({
+    return this.queue.completeAndClaim({
       worker: this.options.workerId,
       done,
       queue: lane.queue,
@@ -339,7 +342,7 @@ class QueueDrain implements Drain {
   private checkIn(queues: readonly string[]): void {
     for (const queue of queues) {
       this.checkins.push(
-        this.options.queue.checkin(this.options.workerId, queue, this.kinds, this.callSignal())
+        this.queue.checkin(this.options.workerId, queue, this.kinds, this.callSignal())
           .catch((error) => {
             this.log({ event: "queue.error", call: "checkin", error: describe(error) });
           }),

@@ -87,12 +87,23 @@ Deno.test("claiming stops near the soft limit; the jobs running end as usual", a
     drainOptions(queue, { handlers, cpu, batchSize: 1, maxJobsInFlight: 1 }),
   );
 
-  // 20 ms each: after the fifth, 100 ms are spent, past 90% of the soft limit.
+  // 20 ms each, and 1 ms a call: after the fifth, past 90% of the soft limit.
   assert.equal(summary.stoppedBy, "cpu budget");
   assert.deepEqual([summary.claimed, summary.completed, summary.released], [5, 5, 0]);
-  assert.equal(summary.cpuMs, 100);
+  assert.ok(summary.cpuMs >= 100 + summary.calls, `${summary.cpuMs} ms`);
   assert.equal(queue.byStatus("queued").length, 5, "left for another isolate");
   assert.equal(queue.calls.at(-1)?.maxJobs, 0, "the last completion went on its own");
+});
+
+Deno.test("each Data API call is charged to the budget: the meter cannot see it", async () => {
+  const queue = new MemoryQueue();
+  const { cpu } = budget();
+
+  const summary = await drain(["default"], drainOptions(queue, { cpu }));
+
+  // The claim that found nothing, the check-in and the read of the kinds open to users.
+  assert.equal(summary.calls, 1);
+  assert.equal(summary.cpuMs, 3);
 });
 
 Deno.test("near the hard limit, the jobs running are handed back, their attempts not counted", async () => {
