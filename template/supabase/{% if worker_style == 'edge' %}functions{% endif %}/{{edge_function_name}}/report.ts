@@ -184,12 +184,16 @@ export class Reporter {
     if (this.finished.length > 0) this.unreported(failure);
   }
 
-  /** Hands the job back to the queue, its attempt not counted. */
+  /** Hands the job back to the queue, its attempt not counted (stale: its lease was lost). */
   async release(job: ClaimedJob): Promise<void> {
     try {
-      await this.options.queue.release(job, this.options.callSignal());
-      this.counts.released += 1;
-      this.options.jobLog({ event: "job.released", ...describeJob(job) });
+      if (await this.options.queue.release(job, this.options.callSignal())) {
+        this.counts.released += 1;
+        this.options.jobLog({ event: "job.released", ...describeJob(job) });
+      } else {
+        this.counts.stale += 1;
+        this.options.log({ event: "job.stale", ...describeJob(job), error: "lease lost" });
+      }
     } catch (error) {
       this.counts.unreported += 1;
       this.options.log({

@@ -3,7 +3,8 @@
 import assert from "node:assert/strict";
 import { z } from "zod";
 import { defineHandler, type HandlerMap } from "./job.ts";
-import { drain, drainOptions, FakeClock, MemoryQueue } from "./testing.ts";
+import { drain, drainOptions, FakeClock, MemoryQueue, settle, settledOrFail } from "./testing.ts";
+import { startDrain } from "./worker.ts";
 import type { LogEvent } from "./log.ts";
 
 Deno.test("a failing job never stops the batch, and its error is stored", async () => {
@@ -82,6 +83,24 @@ Deno.test("a job whose lease was lost is left to its new owner", async () => {
   );
   assert.equal(summary.stale, 1, "fail() says when the lease was lost");
   assert.ok(events.some((event) => event.event === "job.stale" && event.id === failing.id));
+});
+
+Deno.test("a job handed back after its lease was lost counts stale, not released", async () => {
+  const queue = new MemoryQueue();
+  const slow = queue.add("slow");
+  const events: LogEvent[] = [];
+  const running = startDrain(
+    ["default"],
+    drainOptions(queue, { clock: new FakeClock(), log: (event) => events.push(event) }),
+  );
+  await settle();
+  Object.assign(slow, { lock_token: crypto.randomUUID() }); // another worker's attempt now
+
+  running.unload();
+  const summary = await settledOrFail(running.done, "the drain did not stop");
+
+  assert.deepEqual([summary.released, summary.stale], [0, 1]);
+  assert.ok(events.some((event) => event.event === "job.stale" && event.id === slow.id));
 });
 
 Deno.test("completions a failed call carried are sent again before the drain ends", async () => {
