@@ -247,7 +247,7 @@ class QueueDrain implements Drain {
       this.checkCpu();
       this.waits.kick();
       await reported;
-    });
+    }).catch((error) => this.log({ event: "queue.error", call: "report", error: describe(error) }));
     this.runs.add(run);
     run.finally(() => this.runs.delete(run));
   }
