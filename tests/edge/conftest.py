@@ -60,7 +60,10 @@ def edge_worker(
     deno: Deno, function_dir: Path, postgrest: PostgRESTStandIn
 ) -> Iterator[EdgeWorker]:
     # These tests check what each wake-up does, so no drain may outlive its test and run the
-    # next test's jobs: the linger is off here (test_edge_linger.py tests it).
-    worker = start_edge_worker(deno, function_dir, postgrest, PGQUEUE_LINGER_MS="0")
+    # next test's jobs: the linger is off here (test_edge_linger.py tests it). They read which
+    # jobs it ran from its per-job log lines, written at "debug".
+    worker = start_edge_worker(
+        deno, function_dir, postgrest, PGQUEUE_LINGER_MS="0", PGQUEUE_LOG_LEVEL="debug"
+    )
     yield worker
     stop_edge_worker(worker)

@@ -5,8 +5,10 @@
 //
 // With EDGE_RUNTIME_UNLOAD_AFTER_MS, the isolate is also unloaded that long after it started,
 // as the platform does at its wall-clock limit or on a CPU or memory limit: a `beforeunload`
-// event first, then the end of the process once the work handed over settles, or after
-// EDGE_RUNTIME_UNLOAD_GRACE_MS (default 1000) at the latest.
+// event first (a CustomEvent whose detail.reason is EDGE_RUNTIME_UNLOAD_REASON, default
+// "wall_clock", as the runtime's dispatchBeforeUnloadEvent() sends it), then the end of the
+// process once the work handed over settles, or after EDGE_RUNTIME_UNLOAD_GRACE_MS (default
+// 1000) at the latest.
 let open = 0;
 
 function exit(reason: string): never {
@@ -34,7 +36,8 @@ if (unloadAfterMs > 0) {
   // Unreferenced: Deno finishes a preloaded module's pending work before it runs the main one.
   Deno.unrefTimer(setTimeout(() => {
     console.log(JSON.stringify({ event: "edge_runtime.beforeunload" }));
-    dispatchEvent(new Event("beforeunload"));
+    const reason = Deno.env.get("EDGE_RUNTIME_UNLOAD_REASON") ?? "wall_clock";
+    dispatchEvent(new CustomEvent("beforeunload", { cancelable: true, detail: { reason } }));
     if (open === 0) exit("unloaded, no work");
     setTimeout(() => exit("unloaded, grace over"), graceMs);
   }, unloadAfterMs));

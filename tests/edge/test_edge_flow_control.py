@@ -212,6 +212,7 @@ def test_a_concurrency_limit_holds_across_two_function_instances(
         "PGQUEUE_BATCH_SIZE": "2",
         "PGQUEUE_LINGER_MS": "1000",
         "PGQUEUE_LINGER_POLL_MS": "20",
+        "PGQUEUE_LOG_LEVEL": "debug",  # a job.done line per job: which instance ran it
     }
     workers = [start_edge_worker(deno, probe_function_dir, postgrest, **settings) for _ in range(2)]
     try:

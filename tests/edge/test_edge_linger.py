@@ -1,7 +1,7 @@
 """End to end, the Edge Function's run-time choices: a wake-up lingers after its queues run
 dry, so a job enqueued soon after runs without another POST (and PGQUEUE_LINGER_MS=0 turns
-that off); claims take the lease configured in the database unless PGQUEUE_LEASE_SECONDS
-overrides it.
+that off); claims ask for a short lease of their own (PGQUEUE_LEASE_SECONDS, 60 s by default),
+whatever the database's configured lease, so a killed isolate's jobs come back soon.
 
 The test's own POST is the only wake-up: the database has no worker URL or key here, so its
 INSERT trigger sends nothing (checked at the end of each test)."""
@@ -158,10 +158,10 @@ def configured_lease(quiet_db: psycopg.Connection) -> Iterator[int]:
 
 @pytest.mark.parametrize(
     ("settings", "lease"),
-    [({}, 37), ({"PGQUEUE_LEASE_SECONDS": "45"}, 45)],
-    ids=["configured-in-the-database", "set-for-the-worker"],
+    [({}, 60), ({"PGQUEUE_LEASE_SECONDS": "45"}, 45)],
+    ids=["the-default", "set-for-the-worker"],
 )
-def test_claims_take_the_configured_lease_unless_the_worker_sets_one(
+def test_claims_ask_for_the_workers_short_lease_not_the_configured_one(
     quiet_db: psycopg.Connection,
     configured_lease: int,
     worker_with: Callable[..., EdgeWorker],

@@ -29,10 +29,14 @@ def test_only_the_edge_style_has_a_function(template: Path, tmp_path: Path, styl
         # A wake-up carries no JWT, only its Standard Webhooks signature, so the gateway must
         # let it through; the function checks the signature itself.
         assert config["functions"] == {"job-worker": {"enabled": True, "verify_jwt": False}}
+        # The jobs run after the 202: the runtime must keep the isolate after its response
+        # ("oneshot", older CLIs' default, ends it there).
+        assert config["edge_runtime"] == {"policy": "per_worker"}
     else:
         assert not (project / "supabase" / "functions").exists()
         assert not [p for p in rendered_files(project) if p.suffix == ".ts"]
         assert "functions" not in config
+        assert "edge_runtime" not in config
 
 
 @pytest.mark.quick
@@ -126,8 +130,9 @@ def test_answers_reach_the_function(template: Path, tmp_path: Path, deno: Deno) 
     settings = (function_dir / "settings.ts").read_text()
     assert 'export const FUNCTION_NAME = "jobs-runner";' in settings
     assert 'const DEFAULT_SCHEMA = "background_jobs";' in settings
-    # The lease lives in the database (its config table), not in the function's code.
+    # The database's lease (its config table) is not the function's: its claims ask for a
+    # short one of their own (PGQUEUE_LEASE_SECONDS), renewed while their jobs run.
     assert "45" not in settings
-    assert '"PGQUEUE_LEASE_SECONDS", undefined' in settings
+    assert "const DEFAULT_LEASE_SECONDS = 60;" in settings
     deno.run("fmt", "--check", cwd=function_dir)
     deno.run("lint", cwd=function_dir)

@@ -7,11 +7,13 @@
 // Edge runtime keeps the function alive for them (EdgeRuntime.waitUntil). An instance runs
 // one drain at a time: a wake-up during a drain joins it (pg_net sends its wake-ups in
 // batches, all at once), and one while a drain winds down starts the next when it ends. When
-// the runtime unloads the function (`beforeunload`), the drain releases its running jobs.
+// the runtime unloads the function (`beforeunload`), the drain releases its running jobs. The
+// isolate's CPU budget (cpu.ts) is one for all its drains: the runtime counts CPU per isolate.
 // `GET .../metrics`, with the service key, answers the queue's metrics in Prometheus' text
 // format.
 import { bearerCheck, wakeUpCheck } from "./auth.ts";
 import { type Clock, systemClock } from "./clock.ts";
+import { CpuBudget, LoopMeter } from "./cpu.ts";
 import type { HandlerMap } from "./job.ts";
 import { formatPrometheus, PROMETHEUS_CONTENT_TYPE } from "./metrics.ts";
 import type { MetricSample, WorkerQueue } from "./queue.ts";
@@ -35,10 +37,13 @@ export interface WakeHandlerOptions {
   /** Reads the queue's metrics for `GET .../metrics` (Queue.metrics); without it, 404. */
   metrics?: () => Promise<MetricSample[]>;
   /**
-   * Registers what to do when the runtime unloads the function; defaults to a `beforeunload`
-   * listener, which the Edge runtime dispatches before it shuts an isolate down.
+   * Registers what to do when the runtime unloads the function, and why (its reason: "cpu",
+   * "memory", "wall_clock", ...); defaults to a `beforeunload` listener, which the Edge
+   * runtime dispatches at 90% of its CPU, memory and wall-clock limits.
    */
-  onUnload?: (listener: () => void) => void;
+  onUnload?: (listener: (reason?: string) => void) => void;
+  /** The isolate's CPU budget; default: one on a LoopMeter, with the settings' limits. */
+  cpu?: CpuBudget;
   clock?: Clock;
   /**
    * When the isolate started, on `clock`. Default 0: the system clock is performance.now(),
@@ -51,6 +56,14 @@ declare const EdgeRuntime:
   | { waitUntil(work: Promise<unknown>): void }
   | undefined;
 
+/** The Edge runtime's `beforeunload`, with its `detail.reason` ("cpu", "memory", ...). */
+function onBeforeUnload(listener: (reason?: string) => void): void {
+  addEventListener("beforeunload", (event) => {
+    const detail = (event as CustomEvent<{ reason?: unknown } | null>).detail;
+    listener(typeof detail?.reason === "string" ? detail.reason : undefined);
+  });
+}
+
 function edgeRuntimeWaitUntil(): ((work: Promise<unknown>) => void) | undefined {
   return typeof EdgeRuntime === "undefined" ? undefined : (work) => EdgeRuntime?.waitUntil(work);
 }
@@ -62,9 +75,7 @@ export function createWakeHandler(
   const waitUntil = options.waitUntil ?? edgeRuntimeWaitUntil();
   const workerId = `${FUNCTION_NAME}:${crypto.randomUUID().slice(0, 8)}`;
   const drains = new Drains(options, workerId, log);
-  (options.onUnload ?? ((listener) => addEventListener("beforeunload", listener)))(() => {
-    drains.unload();
-  });
+  (options.onUnload ?? onBeforeUnload)((reason) => drains.unload(reason));
   const serveMetrics = metricsEndpoint(options, log);
   // A wake-up is signed with the wake-up secret, and with nothing else.
   const wakeUp = wakeUpCheck(options.settings.wakeSecret, {
@@ -114,18 +125,26 @@ class Drains {
   // while it wound down, for the drain that starts when it ends.
   private current: { drain: Drain; work: Promise<void> } | undefined;
   private next: { queues: Set<string>; reasons: string[]; work: Promise<void> } | undefined;
-  private unloading = false;
+  private unloading: { reason?: string } | undefined;
+  private readonly cpu: CpuBudget;
 
   constructor(options: WakeHandlerOptions, workerId: string, log: (event: LogEvent) => void) {
     this.options = options;
     this.workerId = workerId;
     this.log = log;
+    const { settings } = options;
+    this.cpu = options.cpu ?? new CpuBudget(new LoopMeter(), {
+      softLimitMs: settings.cpuSoftLimitMs,
+      hardLimitMs: settings.cpuHardLimitMs,
+      heavyKinds: settings.cpuHeavyKinds,
+      heavyPerIsolate: settings.cpuHeavyPerIsolate,
+    });
   }
 
   /** The runtime is unloading the function: the drain under way, and any later, stop. */
-  unload(): void {
-    this.unloading = true;
-    this.current?.drain.unload();
+  unload(reason?: string): void {
+    this.unloading = { reason };
+    this.current?.drain.unload(reason);
   }
 
   /** Joins the drain under way, or starts one; the work to hand to waitUntil. */
@@ -164,10 +183,12 @@ class Drains {
       isolateStartedAt: this.options.isolateStartedAt ?? 0,
       lingerMs: settings.lingerMs,
       lingerPollMs: settings.lingerPollMs,
+      cpu: this.cpu,
       clock: this.options.clock ?? systemClock,
       log: this.log,
+      logLevel: settings.logLevel,
     });
-    if (this.unloading) drain.unload();
+    if (this.unloading) drain.unload(this.unloading.reason);
     const work = drain.done.then((summary) => {
       this.log({ event: "drain.end", reason: wake.reason, queues: drain.queues, ...summary });
       this.options.onDrained?.(summary);

@@ -19,8 +19,14 @@ const settings: Settings = {
   maxJobsInFlight: 10,
   timeBudgetMs: 10_000,
   wallClockLimitMs: 150_000,
+  leaseSeconds: 60,
   lingerMs: 0,
   lingerPollMs: 10,
+  cpuSoftLimitMs: 1000,
+  cpuHardLimitMs: 2000,
+  cpuHeavyKinds: [],
+  cpuHeavyPerIsolate: 1,
+  logLevel: "info",
 };
 
 const handlers = { ok: defineHandler(z.object({}), () => {}) };
@@ -308,7 +314,7 @@ Deno.test("beforeunload mid-batch releases the running jobs and sends the comple
   const quick = queue.add("ok");
   const slow = queue.add("slow");
   queue.add("ok"); // waits for a claim that never comes
-  let unload: (() => void) | undefined;
+  let unload: ((reason?: string) => void) | undefined;
   let slowStarted = () => {};
   const running = new Promise<void>((resolve) => slowStarted = resolve);
   const pending: Promise<unknown>[] = [];
@@ -338,7 +344,7 @@ Deno.test("beforeunload mid-batch releases the running jobs and sends the comple
   assert.ok(unload, "the handler listens for beforeunload");
 
   const claimsBefore = queue.claims.length;
-  unload();
+  unload("cpu"); // the runtime's beforeunload at 90% of its CPU limit
   await Promise.all(pending);
 
   assert.equal(queue.claims.length, claimsBefore, "no claim after beforeunload");
@@ -346,6 +352,7 @@ Deno.test("beforeunload mid-batch releases the running jobs and sends the comple
   assert.equal(quick.status, "done", "its completion was sent");
   assert.deepEqual(queue.byStatus("queued"), [2, 3]);
   assert.equal(summaries[0].stoppedBy, "unload");
+  assert.equal(summaries[0].unloadReason, "cpu");
   assert.deepEqual([summaries[0].released, summaries[0].completed], [1, 1]);
 });
 

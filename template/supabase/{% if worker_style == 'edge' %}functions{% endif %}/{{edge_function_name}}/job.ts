@@ -24,9 +24,10 @@ export interface Job {
 export interface JobContext {
   job: Job;
   /**
-   * Aborted when the function's time budget runs out: pass it to fetch() and other calls
-   * that can be cancelled, so a slow call fails (and is retried later) instead of being cut
-   * off by the Edge runtime.
+   * Aborted when the job must stop: the drain's deadline, the isolate's CPU time nearly spent,
+   * the function unloaded (the job goes back to the queue, its attempt not counted), or the
+   * job's lease lost. Pass it to fetch() and other calls that can be cancelled, so the job
+   * stops instead of running on, abandoned, or being cut off by the Edge runtime.
    */
   signal: AbortSignal;
   /**

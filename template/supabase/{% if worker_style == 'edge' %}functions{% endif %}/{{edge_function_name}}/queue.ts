@@ -99,6 +99,16 @@ export interface WorkerQueue {
    * stopping); false when its lease was lost.
    */
   release(attempt: Attempt, signal?: AbortSignal): Promise<boolean>;
+  /**
+   * Renews the leases of the running `attempts` to `leaseSeconds` from now (never shortening
+   * one); returns the ids of those still running under their lock tokens (the others were
+   * cancelled, or rescued after their lease ran out: their worker stops them).
+   */
+  heartbeatMany(
+    attempts: readonly Attempt[],
+    leaseSeconds: number,
+    signal?: AbortSignal,
+  ): Promise<number[]>;
   /** Stores how far a running job got (JSON, up to 64 KiB); false when its lease was lost. */
   progress(attempt: Attempt, progress: Json, signal?: AbortSignal): Promise<boolean>;
   /** Tells the database that `worker` claims `kinds` from `queue` (the `unclaimed` view). */
@@ -134,6 +144,10 @@ const claimedRows = rowsOf<Omit<ClaimedJob, "queue">>("claimed jobs", {
   locked_until: "string",
   concurrency_key: ["string", "null"],
 });
+const jobIds = shape<number[]>(
+  "a list of job ids",
+  (value) => Array.isArray(value) && value.every((id) => typeof id === "number"),
+);
 const kindRows = rowsOf<{ kind: string }>("client kinds", { kind: "string" });
 const ownerRows = rowsOf<{ id: number; owner: string }>("job owners", {
   id: "number",
@@ -183,6 +197,17 @@ export function workerQueue(api: DataApi): WorkerQueue {
     failUserFacing: (job, message, signal) =>
       api.call("fail_user_facing", { ...lease(job), message }, failOutcome, signal),
     release: (attempt, signal) => api.call("release", lease(attempt), boolean, signal),
+    heartbeatMany: (attempts, leaseSeconds, signal) =>
+      api.call(
+        "heartbeat_many",
+        {
+          job_ids: attempts.map(({ id }) => id),
+          lock_tokens: attempts.map(({ lock_token }) => lock_token),
+          lease_seconds: leaseSeconds,
+        },
+        jobIds,
+        signal,
+      ),
     progress: (attempt, progress, signal) =>
       api.call("progress", { ...lease(attempt), progress }, boolean, signal),
     checkin: (worker, queue, kinds, signal) =>

@@ -1,11 +1,12 @@
 // Machinery: telling the database how each job of a drain (worker.ts) ended. A job that ran to
 // the end waits for the drain's next call, which completes it along with the next claim, its
 // result too; one that threw is failed (retried later, or dead-lettered); one cut off by the
-// deadline or the function's unloading is released. The database measures a result as it
-// stores it and may refuse one: then the jobs with a result are completed one at a time and
-// the refused ones failed. The size limit for results is read once, when the first comes.
-// Completions the database could not be reached for are tried again until it answers or the
-// isolate is about to end: it takes them until a sweep takes their jobs back.
+// deadline, the CPU budget or the function's unloading is released. The database measures a
+// result as it stores it and may refuse one: then the jobs with a result are completed one at
+// a time and the refused ones failed. The size limit for results is read once, when the first
+// comes. Completions the database could not be reached for are tried again until it answers or
+// the isolate is about to end: it takes them until a sweep takes their jobs back. Jobs end
+// while a call is under way: each call sends the jobs that had ended when it started.
 import { PermanentError, UserFacingError } from "./job.ts";
 import {
   type ClaimedJob,
@@ -40,7 +41,7 @@ export interface ReportCounts {
   deadLettered: number;
   /**
    * Jobs handed back to the queue unfinished, their attempt not counted: cut off by the
-   * deadline or by the function's unloading.
+   * deadline, the CPU budget or the function's unloading.
    */
   released: number;
   /** Failed jobs whose lease was lost (rescued or cancelled) before they were reported. */
@@ -54,11 +55,16 @@ export interface ReporterOptions {
   /** Where the counts go (the drain's summary). */
   counts: ReportCounts;
   log: (event: LogEvent) => void;
+  /** Where the per-job lines go (job.released): log.ts's jobLog(). */
+  jobLog: (event: LogEvent) => void;
   /** A signal for one Data API call. */
   callSignal: () => AbortSignal;
   /** The drain's clock: the pauses between tries of completions go by it. */
   clock: Clock;
 }
+
+/** What becomes of a job cut off while it ran: see Reporter.record(). */
+export type CutAs = "release" | "lost" | "fail";
 
 /** A call to complete_and_claim() that sends `done` along; what it returns is passed on. */
 export type CompletingCall<T> = (done: readonly DoneJob[]) => Promise<T>;
@@ -79,26 +85,29 @@ export class Reporter {
   }
 
   /**
-   * Reports a batch's outcomes: the jobs that ran to the end wait for the next call; a job cut
-   * off is released when `releaseCut()` says so (the deadline or the unloading cut it), and
-   * failed otherwise (it outlived its lease), like one that threw. Returns how many ran to
-   * the end. The batch's lease runs out at `leaseEnd` (on the drain's clock).
+   * Reports how a job's run ended: a job that ran to the end waits for the next call. One cut
+   * off goes as `cutAs` says: released (the deadline, the CPU budget or the unloading cut it),
+   * left to its new owner (its lease was lost: heartbeat_many() no longer listed it), or
+   * failed (its lease could not be renewed), like one that threw. Its lease runs out at
+   * `leaseEnd` (on the drain's clock). True when it ran to the end.
    */
-  async record(
-    outcomes: readonly Outcome[],
-    releaseCut: () => boolean,
-    leaseEnd: number,
-  ): Promise<number> {
-    // One failure at a time: each one is a single small UPDATE, and they are rare.
-    const done: DoneJob[] = [];
-    for (const outcome of outcomes) {
-      if (outcome.ok) done.push({ job: outcome.job, result: outcome.result });
-      else if (outcome.cut && releaseCut()) await this.release(outcome.job);
-      else await this.fail(outcome.job, outcome.error);
+  async record(outcome: Outcome, cutAs: CutAs, leaseEnd: number): Promise<boolean> {
+    if (outcome.ok) {
+      this.finished.push({ job: outcome.job, result: outcome.result });
+      this.leaseEnds.set(outcome.job.id, leaseEnd);
+      return true;
     }
-    this.finished.push(...done);
-    for (const { job } of done) this.leaseEnds.set(job.id, leaseEnd);
-    return done.length;
+    if (outcome.cut && cutAs === "lost") {
+      this.counts.stale += 1;
+      this.options.log({ event: "job.stale", ...describeJob(outcome.job), error: "lease lost" });
+    } else if (outcome.cut && cutAs === "release") await this.release(outcome.job);
+    else await this.fail(outcome.job, outcome.error);
+    return false;
+  }
+
+  /** Whether jobs that ran to the end wait to be reported. */
+  hasFinished(): boolean {
+    return this.finished.length > 0;
   }
 
   /**
@@ -107,22 +116,41 @@ export class Reporter {
    * the ones refused), and `call` is made again with the others.
    */
   async completeWith<T>(call: CompletingCall<T>): Promise<T> {
+    let sending = this.take();
     let answer: T;
     try {
-      answer = await call(this.finished);
+      answer = await call(sending);
     } catch (error) {
-      if (!isTooBig(error) || !this.finished.some(({ result }) => result !== null)) throw error;
+      this.putBack(sending);
+      if (!isTooBig(error) || !sending.some(({ result }) => result !== null)) throw error;
       // The database measures a result as it stores it (jsonb), which can be larger than its
       // JSON text (a long array of small numbers is), and then refuses the whole call.
       await this.completeOneByOne();
-      answer = await call(this.finished);
+      sending = this.take();
+      try {
+        answer = await call(sending);
+      } catch (again) {
+        this.putBack(sending);
+        throw again;
+      }
     }
     // Only now: if the call failed, they are still to report (again, which is harmless if
     // the call went through after all).
-    this.counts.completed += this.finished.length;
-    this.finished = [];
-    this.leaseEnds.clear();
+    this.counts.completed += sending.length;
+    for (const { job } of sending) this.leaseEnds.delete(job.id);
     return answer;
+  }
+
+  /** The finished jobs, for one call; those that end meanwhile wait for the next. */
+  private take(): DoneJob[] {
+    const taken = this.finished;
+    this.finished = [];
+    return taken;
+  }
+
+  /** Jobs a call failed to report, back in front of those that ended meanwhile. */
+  private putBack(jobs: DoneJob[]): void {
+    this.finished = [...jobs, ...this.finished];
   }
 
   /**
@@ -156,12 +184,16 @@ export class Reporter {
     if (this.finished.length > 0) this.unreported(failure);
   }
 
-  /** Hands the job back to the queue, its attempt not counted. */
+  /** Hands the job back to the queue, its attempt not counted (stale: its lease was lost). */
   async release(job: ClaimedJob): Promise<void> {
     try {
-      await this.options.queue.release(job, this.options.callSignal());
-      this.counts.released += 1;
-      this.options.log({ event: "job.released", ...describeJob(job) });
+      if (await this.options.queue.release(job, this.options.callSignal())) {
+        this.counts.released += 1;
+        this.options.jobLog({ event: "job.released", ...describeJob(job) });
+      } else {
+        this.counts.stale += 1;
+        this.options.log({ event: "job.stale", ...describeJob(job), error: "lease lost" });
+      }
     } catch (error) {
       this.counts.unreported += 1;
       this.options.log({

@@ -36,7 +36,6 @@ function unreachable(): QueueError {
 async function outage(backAfterMs: number | undefined, whileDown: (q: OutageQueue) => void) {
   const clock = new FakeClock();
   const queue = new OutageQueue();
-  queue.leaseSeconds = 5; // shorter than the outage
   for (let n = 1; n <= 2; n++) queue.add("ok", { n });
   if (backAfterMs !== undefined) {
     clock.at(backAfterMs, () => {
@@ -45,7 +44,11 @@ async function outage(backAfterMs: number | undefined, whileDown: (q: OutageQueu
     });
   }
   const events: LogEvent[] = [];
-  const options = drainOptions(queue, { clock, log: (event) => events.push(event) });
+  const options = drainOptions(queue, {
+    clock,
+    leaseSeconds: 5, // shorter than the outage
+    log: (event) => events.push(event),
+  });
   const summary = await drain(["default"], options);
   const logged = (event: string) => events.filter((e) => e.event === event).map((e) => e.id);
   return { queue, summary, logged, clock };

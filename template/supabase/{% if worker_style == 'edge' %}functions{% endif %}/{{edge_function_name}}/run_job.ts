@@ -1,13 +1,16 @@
-// Machinery: running one job of a drain's batch (worker.ts). The handler is called with the
-// batch's signal and abandoned when that fires, so one stuck handler cannot hold up the
-// others; what it returns is checked (JSON, within the database's max_result_bytes) before it
-// rides along with the completion; how the run ended is returned, for the drain to complete,
-// fail or release the job.
+// Machinery: running one job in a slot of a drain (worker.ts). The handler is called with the
+// job's signal and abandoned when that fires (the drain's deadline, its CPU budget, the
+// function's unloading, or the job's lease lost), so a stuck handler frees its slot; its code
+// may still run on, as JavaScript cannot be stopped from outside, but nothing it does counts.
+// What it returns is checked (JSON, within the database's max_result_bytes) before it rides
+// along with the completion; how the run ended is returned, for the drain to complete, fail or
+// release the job.
 import type { Job } from "./job.ts";
 import { type HandlerMap, PermanentError } from "./job.ts";
 import type { ClaimedJob, Json, WorkerQueue } from "./queue.ts";
 import type { Clock } from "./clock.ts";
 import type { LogEvent } from "./log.ts";
+import type { CpuMeter } from "./cpu.ts";
 
 /**
  * A result the database cannot store: not JSON, or over `max_result_bytes`. Running the job
@@ -22,13 +25,16 @@ export interface JobRunContext {
   handlers: HandlerMap;
   queue: WorkerQueue;
   clock: Clock;
-  log: (event: LogEvent) => void;
+  /** Where the per-job lines go (job.done): log.ts's jobLog(). */
+  jobLog: (event: LogEvent) => void;
+  /** Counts the time the handler holds the thread when called. */
+  meter: CpuMeter;
   maxResultBytes: () => Promise<number>;
   /** A signal for one Data API call (a progress report). */
   callSignal: () => AbortSignal;
 }
 
-/** How a job's run ended; `cut`: the batch's signal had fired when it did. */
+/** How a job's run ended; `cut`: the job's signal had fired when it did. */
 export type Outcome = { job: ClaimedJob; ok: true; result: Json } | {
   job: ClaimedJob;
   ok: false;
@@ -39,8 +45,7 @@ export type Outcome = { job: ClaimedJob; ok: true; result: Json } | {
 export async function runJob(
   job: ClaimedJob,
   signal: AbortSignal,
-  limitMs: number,
-  { handlers, queue, clock, maxResultBytes, log, callSignal }: JobRunContext,
+  { handlers, queue, clock, maxResultBytes, jobLog, callSignal, meter }: JobRunContext,
 ): Promise<Outcome> {
   const started = clock.now();
   try {
@@ -52,17 +57,19 @@ export async function runJob(
       );
     }
     // A handler that ignores the signal is abandoned when it fires, so one stuck job
-    // cannot keep the batch's other jobs from being reported.
+    // cannot hold its slot past the drain's deadline or its lease.
     const returned = await Promise.race([
-      handlers[job.kind](job.payload, {
-        job: toJob(job),
-        signal,
-        reportProgress: (progress) => queue.progress(job, progress, callSignal()),
-      }),
-      abandonedWhenAborted(signal, limitMs),
+      meter.hold(() =>
+        handlers[job.kind](job.payload, {
+          job: toJob(job),
+          signal,
+          reportProgress: (progress) => queue.progress(job, progress, callSignal()),
+        })
+      ),
+      abandonedWhenAborted(signal),
     ]);
     const result = await toResult(returned, maxResultBytes);
-    log({
+    jobLog({
       event: "job.done",
       ...describeJob(job),
       ms: Math.round(clock.now() - started),
@@ -108,16 +115,10 @@ async function toResult(returned: unknown, maxResultBytes: () => Promise<number>
   return JSON.parse(text);
 }
 
-function abandonedWhenAborted(signal: AbortSignal, limitMs: number): Promise<never> {
+/** Rejects with the signal's reason (the drain's, which says why) once it aborts. */
+function abandonedWhenAborted(signal: AbortSignal): Promise<never> {
   return new Promise((_resolve, reject) => {
-    const abandon = () => {
-      const error = new Error(
-        `the job was still running after ${limitMs} ms, when its lease was about to run ` +
-          "out; it will be retried",
-      );
-      error.name = "TimeoutError";
-      reject(error);
-    };
+    const abandon = () => reject(signal.reason);
     if (signal.aborted) abandon();
     else signal.addEventListener("abort", abandon, { once: true });
   });

@@ -17,10 +17,47 @@ Deno.test("the Edge runtime's variables are enough", () => {
   assert.deepEqual(settings.serviceKeys, ["service-role-jwt"]);
   assert.ok(settings.timeBudgetMs < 150_000, "must stop before the free plan's 150 s limit");
   assert.ok(settings.batchSize >= 1);
-  assert.equal(settings.leaseSeconds, undefined, "claims get the lease the database sets");
+  assert.equal(settings.leaseSeconds, 60, "short leases, renewed while the jobs run");
   assert.equal(settings.lingerMs, 2000);
   assert.equal(settings.lingerPollMs, 100);
   assert.ok(settings.lingerMs < settings.timeBudgetMs);
+  assert.deepEqual(
+    [settings.cpuSoftLimitMs, settings.cpuHardLimitMs, settings.cpuHeavyKinds],
+    [1000, 2000, []],
+    "the Edge runtime's default CPU limits; no kind declared CPU-heavy",
+  );
+  assert.equal(settings.cpuHeavyPerIsolate, 1);
+  assert.equal(settings.logLevel, "info");
+});
+
+Deno.test("the CPU limits, the CPU-heavy kinds and the log level are read", () => {
+  const settings = loadSettings(env({
+    ...base,
+    PGQUEUE_CPU_SOFT_LIMIT_MS: "400",
+    PGQUEUE_CPU_HARD_LIMIT_MS: "500",
+    PGQUEUE_CPU_HEAVY_KINDS: "resize_image, render_pdf",
+    PGQUEUE_CPU_HEAVY_PER_ISOLATE: "2",
+    PGQUEUE_LOG_LEVEL: "debug",
+  }));
+  assert.deepEqual(
+    [settings.cpuSoftLimitMs, settings.cpuHardLimitMs, settings.cpuHeavyKinds],
+    [400, 500, ["resize_image", "render_pdf"]],
+  );
+  assert.equal(settings.cpuHeavyPerIsolate, 2);
+  assert.equal(settings.logLevel, "debug");
+  assert.throws(
+    () =>
+      loadSettings(env({
+        ...base,
+        PGQUEUE_CPU_SOFT_LIMIT_MS: "3000",
+        PGQUEUE_CPU_HARD_LIMIT_MS: "2000",
+      })),
+    /PGQUEUE_CPU_HARD_LIMIT_MS \(2000\) is below PGQUEUE_CPU_SOFT_LIMIT_MS \(3000\)/,
+  );
+  assert.throws(
+    () => loadSettings(env({ ...base, PGQUEUE_LOG_LEVEL: "verbose" })),
+    /PGQUEUE_LOG_LEVEL must be "info" .* or "debug"/,
+  );
 });
 
 Deno.test("a worker key and the new secret keys come before the legacy key", () => {
@@ -55,12 +92,12 @@ Deno.test("numbers and the schema are read from the environment", () => {
   assert.equal(settings.lingerPollMs, 50);
 });
 
-Deno.test("PGQUEUE_LINGER_MS=0 turns the linger off; an empty lease is no lease", () => {
+Deno.test("PGQUEUE_LINGER_MS=0 turns the linger off; an empty lease is the default", () => {
   const settings = loadSettings(
     env({ ...base, PGQUEUE_LINGER_MS: "0", PGQUEUE_LEASE_SECONDS: "" }),
   );
   assert.equal(settings.lingerMs, 0);
-  assert.equal(settings.leaseSeconds, undefined);
+  assert.equal(settings.leaseSeconds, 60);
 });
 
 Deno.test("errors name the variable and what to do", () => {
@@ -79,7 +116,7 @@ Deno.test("errors name the variable and what to do", () => {
   );
   assert.throws(
     () => loadSettings(env({ ...base, PGQUEUE_LEASE_SECONDS: "5" })),
-    /PGQUEUE_LEASE_SECONDS must be a whole number from 10 to 86400; got "5"/,
+    /PGQUEUE_LEASE_SECONDS must be a whole number from 10 to 400; got "5"/,
   );
   assert.throws(
     () => loadSettings(env({ ...base, PGQUEUE_LINGER_MS: "-1" })),

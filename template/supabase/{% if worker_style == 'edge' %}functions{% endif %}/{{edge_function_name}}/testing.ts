@@ -1,8 +1,8 @@
 // Test helpers (used by the *_test.ts files only): an in-memory queue that follows the SQL
 // functions' rules for claims, leases, lock tokens, attempts, results and progress, a
-// handler's context for tests of one handler, a clock that tests move, a Data API that
-// records what it is sent (withApi), and the handlers, options and waits the drain's tests
-// share.
+// handler's context for tests of one handler, a Data API that records what it is sent
+// (withApi), and the handlers, options and waits the drain's tests share; with the clock that
+// tests move and the CPU meter handlers spend on (fakes.ts).
 import assert from "node:assert/strict";
 import { z } from "zod";
 import {
@@ -26,6 +26,7 @@ import {
   type WorkerQueue,
 } from "./queue.ts";
 import { type DrainOptions, type DrainSummary, startDrain } from "./worker.ts";
+export { FakeClock, FakeCpuMeter } from "./fakes.ts";
 
 export interface StoredJob extends ClaimedJob {
   status: "queued" | "running" | "done" | "failed";
@@ -56,6 +57,10 @@ export class MemoryQueue implements WorkerQueue {
   backoffMs = 2500;
   /** Called before each call, e.g. to move a fake clock on or to throw. */
   beforeCall: (call: Call) => void = () => {};
+  /** Each heartbeatMany() call: the ids it renewed and the lease it asked for. */
+  heartbeats: { ids: number[]; leaseSeconds: number }[] = [];
+  /** Called before each heartbeatMany(), e.g. to throw. */
+  beforeHeartbeat: () => void = () => {};
 
   add(
     kind: string,
@@ -165,6 +170,31 @@ export class MemoryQueue implements WorkerQueue {
     return Promise.resolve();
   }
 
+  /** heartbeat_many(): renews the leases still held (never shortening one); their ids. */
+  heartbeatMany(attempts: readonly Attempt[], leaseSeconds: number): Promise<number[]> {
+    this.heartbeats.push({ ids: attempts.map(({ id }) => id), leaseSeconds });
+    try {
+      this.beforeHeartbeat();
+    } catch (error) {
+      return Promise.reject(error);
+    }
+    const held = attempts.flatMap((attempt) => {
+      const job = this.holder(attempt);
+      if (job === undefined) return [];
+      const renewed = Date.now() + 1000 * leaseSeconds;
+      if (renewed > Date.parse(job.locked_until)) {
+        job.locked_until = new Date(renewed).toISOString();
+      }
+      return [job.id];
+    });
+    return Promise.resolve(held);
+  }
+
+  /** The leases claims asked for, in order. */
+  get leases(): (number | undefined)[] {
+    return this.claims.map((claim) => claim.leaseSeconds);
+  }
+
   /** release(): the job goes back to the queue, due now, its attempt not counted. */
   release(attempt: Attempt): Promise<boolean> {
     const job = this.holder(attempt);
@@ -254,42 +284,6 @@ export function jobContext(
   };
 }
 
-/**
- * A clock for the drain (clock.ts's Clock): sleeping moves it on at once, a timeout's signal
- * aborts when the clock passes its time, and so does what a test scheduled with `at()`.
- */
-export class FakeClock {
-  time = 0;
-  private scheduled: { at: number; run: () => void }[] = [];
-
-  now = (): number => this.time;
-
-  sleep = (ms: number): Promise<void> => {
-    this.advance(ms);
-    return Promise.resolve();
-  };
-
-  timeout = (ms: number): AbortSignal => {
-    const controller = new AbortController();
-    const abort = () =>
-      controller.abort(new DOMException(`timed out after ${ms} ms`, "TimeoutError"));
-    if (ms <= 0) abort();
-    else this.at(this.time + ms, abort);
-    return controller.signal;
-  };
-
-  advance(ms: number): void {
-    this.time += ms;
-    const due = this.scheduled.filter((item) => item.at <= this.time);
-    this.scheduled = this.scheduled.filter((item) => item.at > this.time);
-    for (const item of due) item.run();
-  }
-
-  at(time: number, run: () => void): void {
-    this.scheduled.push({ at: time, run });
-  }
-}
-
 // -- drains ----------------------------------------------------------------------------------
 
 /** The `ok` kind: records each job's `n` in `ran`. */
@@ -317,7 +311,7 @@ export const drainHandlers: HandlerMap = {
     })),
 };
 
-/** A drain's options for tests: batches of 3, a 10 s budget, no linger, no logs. */
+/** A drain's options for tests: 3 slots, a 10 s budget, no linger, no logs. */
 export function drainOptions(
   queue: MemoryQueue,
   overrides: Partial<DrainOptions> = {},

@@ -35,10 +35,14 @@ Deno.test("after the queues run dry, the drain lingers and runs jobs that come l
   assert.deepEqual(ran, [1, 2, 3]);
   assert.equal(summary.completed, 3);
   assert.equal(summary.stoppedBy, "empty");
-  // A claim every 100 ms, and one more at once after each job, to report it; the jobs found
-  // at 300 and 1,900 ms each started the window over, and it ended 2 s after the last one.
-  assert.equal(summary.elapsedMs, 3900);
-  assert.equal(queue.claims.length, 40 + 3);
+  // Claims 100, 200, 400, 800 ms apart (the last pause cut to the window's end), and one
+  // more at once after each job, to report it. The job added at 300 ms was found then; the
+  // one added at 1,900 ms at 2,300 ms, which started the window over, and it ended 2 s later.
+  assert.equal(summary.elapsedMs, 4300);
+  assert.deepEqual(
+    queue.claims.map(({ done }) => done),
+    [[], [1], [], [], [2], [], [], [], [], [], [3], [], [], [], [], []],
+  );
   assert.deepEqual(queue.calls.filter((call) => call.done.length > 0).map((call) => call.done), [
     [1],
     [2],
@@ -77,10 +81,10 @@ Deno.test("the time budget ends a linger", async () => {
     }),
   );
 
-  // Claims at 0, 100, ..., 900 ms; one more pause would reach the end of the budget.
+  // Claims at 0, 100, 300 and 700 ms; the next pause (800 ms) would pass the budget's end.
   assert.equal(summary.stoppedBy, "time budget");
-  assert.equal(summary.elapsedMs, 900);
-  assert.equal(queue.claims.length, 10);
+  assert.equal(summary.elapsedMs, 700);
+  assert.equal(queue.claims.length, 4);
 });
 
 Deno.test("a lingering drain polls every woken queue", async () => {
@@ -95,13 +99,28 @@ Deno.test("a lingering drain polls every woken queue", async () => {
 
   assert.deepEqual(queue.byStatus("done"), [1]);
   assert.equal(summary.stoppedBy, "empty");
-  assert.equal(summary.elapsedMs, 1500);
-  // Both queues at 0, 250, ..., 1,500 ms, and webhooks once more at 500 ms to report its job.
-  const round = ["emails", "webhooks"];
-  assert.deepEqual(
-    queue.claims.map((claim) => claim.queue),
-    [...round, ...round, ...round, "webhooks", ...round, ...round, ...round, ...round],
-  );
+  // Both queues at 0, 250 and 750 ms, where webhooks had a job, reported at once by one more
+  // claim; then both again 250, 500 and the 250 ms left of the window later.
+  assert.equal(summary.elapsedMs, 1750);
+  const claimsOf = (name: string) => queue.claims.filter(({ queue }) => queue === name);
+  assert.equal(claimsOf("emails").length, 6);
+  assert.equal(claimsOf("webhooks").length, 7);
+});
+
+Deno.test("an idle drain makes a few calls, then none: at most a few a minute", async () => {
+  for (const [lingerMs, calls] of [[2000, 6], [60_000, 11]]) {
+    const queue = new MemoryQueue();
+    const clock = new FakeClock();
+    const summary = await drain(
+      ["default"],
+      drainOptions(queue, { lingerMs, lingerPollMs: 100, timeBudgetMs: 100_000, clock }),
+    );
+    // 0, 100, 300, 700, 1,500 and 2,000 ms by default; pauses that double up to 25.6 s with
+    // the longest linger the settings allow (a claim every 100 ms would be 600 a minute).
+    assert.equal(summary.calls, calls, `with a ${lingerMs} ms linger`);
+    assert.equal(summary.elapsedMs, lingerMs);
+    assert.equal(summary.stoppedBy, "empty");
+  }
 });
 
 Deno.test("a wake-up joins a lingering drain, which starts its window over", async () => {
@@ -121,6 +140,8 @@ Deno.test("a wake-up joins a lingering drain, which starts its window over", asy
   assert.deepEqual(joins, [true]);
   assert.equal(summary.wakeUps, 2);
   assert.equal(summary.completed, 1);
+  // The join at 800 ms started the window and its pauses over: claims at 1,000, 1,100, 1,300
+  // and 1,700 ms, which found the job; the window after it ended at 2,700 ms.
   assert.equal(summary.elapsedMs, 2700);
   assert.equal(running.join(["default"]), false, "a drain that stopped takes no more wake-ups");
 });

@@ -1,5 +1,7 @@
 // send_email: a stub to replace with your email provider's API (Resend, Postmark, SES, ...).
-// It checks the payload and logs the message it would send, without the address.
+// It checks the payload and sends nothing. It logs nothing either: the Edge runtime keeps at
+// most 100 log lines per 10 s, so a line per job would crowd out the worker's own (README.md,
+// "Logs"); when you call your provider, return its message id to keep it as the job's result.
 import { z } from "zod";
 import { defineHandler } from "../job.ts";
 
@@ -13,12 +15,8 @@ export type SendEmailPayload = z.infer<typeof SendEmailPayload>;
 
 export const sendEmail = defineHandler(
   SendEmailPayload,
-  ({ subject, text }, { job }) => {
-    console.log(JSON.stringify({
-      event: "send_email.stub",
-      id: job.id,
-      subject,
-      characters: text.length,
-    }));
+  (_email, _context) => {
+    // e.g. const { id } = await resend.emails.send({ from, to, subject, text });
+    //      return { messageId: id };
   },
 );
