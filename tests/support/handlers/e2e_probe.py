@@ -1,6 +1,6 @@
 """e2e_probe: records each run (and the job's owner) in a file; sleeps, fails (a
 UserFacingError too, or a RetryAfter), reports progress and returns a result on demand
-(template tests). e2e_probe_backoff is the same handler for a kind with its own Backoff."""
+(template tests)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..registry import Backoff, JobInfo, PermanentError, RetryAfter, UserFacingError, handler
+from ..registry import JobInfo, PermanentError, RetryAfter, UserFacingError, handler
 
 
 class Probe(BaseModel):
@@ -56,7 +56,3 @@ async def e2e_probe(payload: Probe, job: JobInfo) -> Any:
         raise PermanentError(payload.permanent_error)
     record("end")
     return float("nan") if payload.nan_result else payload.result
-
-
-# A kind with its own backoff: 120 s after the first failure, exactly (no jitter).
-handler("e2e_probe_backoff", timeout=60, backoff=Backoff(base=120, cap=600, jitter=0))(e2e_probe)
