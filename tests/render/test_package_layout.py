@@ -6,7 +6,7 @@ The layers, bottom first (the package's __init__.py and docs/architecture.md say
   0. handlers/ (the user's), settings.py, registry.py (what a handler imports), __init__.py
   1. queue/: the queue client
   2. worker/ and dashboard/
-  3. cli/ and __main__.py: the entry points
+  3. cli/ and __main__.py: the entry points; testing/: the helpers of the project's own tests
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ LAYERS = (
     ("handlers", "settings", "registry", "__init__"),
     ("queue",),
     ("worker", "dashboard"),
-    ("cli", "__main__"),
+    ("cli", "__main__", "testing"),
 )
 # Files and folders at the package's top, __init__.py, __main__.py and handlers/ counted.
 MAX_TOP_ENTRIES = 12

@@ -41,6 +41,8 @@ HANDLERS = Path(__file__).parent / "handlers"
 # The handler the end-to-end tests drive: it appends a line per run to a file, and sleeps or
 # raises when the payload says so.
 PROBE = HANDLERS / "e2e_probe.py"
+# The probe's handler again, for a kind with its own Backoff.
+PROBE_BACKOFF = HANDLERS / "e2e_probe_backoff.py"
 
 
 # The kind the second service of the shared-queue test handles (and the first does not).
@@ -79,7 +81,8 @@ def install(template: Path, root: Path, variant: Variant) -> Installed:
         cwd=path,
         env={"UV_PROJECT_ENVIRONMENT": str(venv)},
     )
-    return Installed(variant, path, venv, with_handlers(path / "src", root / "e2e" / "src", PROBE))
+    src = with_handlers(path / "src", root / "e2e" / "src", PROBE, PROBE_BACKOFF)
+    return Installed(variant, path, venv, src)
 
 
 def with_handlers(src: Path, dest: Path, *modules: Path) -> Path:

@@ -199,6 +199,37 @@ def test_failures_are_retried_dead_lettered_and_the_worker_goes_on(
     assert worker.proc.poll() is None
 
 
+def test_a_handler_chooses_its_retry_delay_and_a_kind_its_own_backoff(
+    installed: Installed,
+    workers: Workers,
+    db: psycopg.Connection,
+    wake_secret: str,
+    tmp_path: Path,
+) -> None:
+    """RetryAfter(300) and a kind's Backoff(base=120, jitter=0) reach fail()'s retry_in: each
+    job's next attempt is that far from its failure, not the database's 2.5 to 5 s."""
+    workers.start_woken(db, wake_secret)
+    log = tmp_path / "runs.jsonl"
+    chosen = enqueue(db, log=str(log), retry_after=300)
+    own_backoff = enqueue(db, "e2e_probe_backoff", log=str(log), error="boom")
+    default = enqueue(db, log=str(log), error="boom")
+
+    def failed_once(job_id: int) -> dict:
+        return wait_until(
+            lambda: (row := job(db, job_id))["attempts"] == 1 and row["last_error"] and row,
+            what=f"job {job_id} to fail once",
+        )
+
+    retried = failed_once(chosen)
+    assert retried["last_error"] == "RetryAfter: the API said: retry later"
+    assert retried["status"] == "queued"
+    assert timedelta(seconds=295) < retried["due_in"] <= timedelta(seconds=300)
+    backed_off = failed_once(own_backoff)
+    assert (backed_off["status"], backed_off["last_error"]) == ("queued", "RuntimeError: boom")
+    assert timedelta(seconds=115) < backed_off["due_in"] <= timedelta(seconds=120)
+    assert failed_once(default)["due_in"] <= timedelta(seconds=5)
+
+
 def test_a_quick_job_is_recorded_done_while_long_ones_hold_the_other_slots(
     installed: Installed,
     workers: Workers,

@@ -7,15 +7,22 @@
 The payload model is the annotation of the handler's first parameter; the worker validates
 the job's payload with it before the handler runs (describe_validation_error() words what
 does not fit). What the handler returns becomes the job's result (queue/results.py).
+
+A kind may choose its own backoff (`@handler(kind, backoff=Backoff(base=1, cap=60))`) and a
+handler the delay before its next attempt (`raise RetryAfter(30)`); without either, the
+database's curve applies (`<schema>.backoff()`).
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import math
 import pkgutil
+import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, TypeVar, get_type_hints
 
 from pydantic import BaseModel, ValidationError
@@ -67,6 +74,51 @@ class UserFacingError(PermanentError):
     for them: it is the only error they see (any other error shows as none)."""
 
 
+class RetryAfter(Exception):
+    """Raise this from a handler to fail the attempt and have the job tried again after
+    `delay` (seconds, or a timedelta) instead of the kind's backoff: say, the Retry-After of
+    an API that answered 429. The attempt counts: after the job's last one it goes to the
+    dead letters, as after any failure. `message` is the job's last_error."""
+
+    def __init__(self, delay: float | timedelta, message: str | None = None) -> None:
+        seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+        if not (math.isfinite(seconds) and seconds >= 0):
+            raise ValueError(f"RetryAfter needs a delay of 0 seconds or more, got {delay!r}")
+        self.delay = timedelta(seconds=seconds)
+        super().__init__(message or f"retry after {seconds:g}s")
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """A kind's own delays between attempts: `base` seconds after the first failure, times
+    `factor` after each next one, at most `cap`; `jitter` is the share of each delay drawn at
+    random (0: none; 0.5, the database's own curve: a random point in the upper half), so jobs
+    that failed together spread out. Backoff() is the database's curve: 5 s, 10 s, 20 s, ... up
+    to an hour."""
+
+    base: float = 5.0
+    factor: float = 2.0
+    cap: float = 3600.0
+    jitter: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not (self.base > 0 and self.factor >= 1 and self.cap >= self.base):
+            raise ValueError(
+                f"{self}: base must be positive, factor 1 or more and cap at least base"
+            )
+        if not 0 <= self.jitter <= 1:
+            raise ValueError(f"{self}: jitter is a share of the delay, from 0 to 1")
+
+    def delay(self, attempt: int) -> timedelta:
+        """The pause after failed attempt number `attempt` (1 for the first)."""
+        exponent = max(attempt, 1) - 1
+        try:
+            full = min(self.cap, self.base * self.factor**exponent)
+        except OverflowError:  # a float's range ends long before an attempt count does
+            full = self.cap
+        return timedelta(seconds=full * (1 - self.jitter * random.random()))
+
+
 # A handler returns its job's result, or None.
 HandlerFunc = Callable[[Any, JobInfo], Awaitable[Any]]
 F = TypeVar("F", bound=HandlerFunc)
@@ -78,22 +130,34 @@ class Registration:
     func: HandlerFunc
     payload_model: type[BaseModel]
     timeout: float
+    # The kind's own delays between attempts; None: the database's backoff().
+    backoff: Backoff | None = None
 
 
 class Registry:
     def __init__(self) -> None:
         self._handlers: dict[str, Registration] = {}
 
-    def handler(self, kind: str, *, timeout: float = DEFAULT_TIMEOUT) -> Callable[[F], F]:
-        """Register an async function as the handler of `kind`."""
+    def handler(
+        self, kind: str, *, timeout: float = DEFAULT_TIMEOUT, backoff: Backoff | None = None
+    ) -> Callable[[F], F]:
+        """Register an async function as the handler of `kind` (stopped after `timeout`
+        seconds; its failed attempts retried after `backoff`, or the database's curve)."""
 
         def register(func: F) -> F:
-            self.add(kind, func, timeout=timeout)
+            self.add(kind, func, timeout=timeout, backoff=backoff)
             return func
 
         return register
 
-    def add(self, kind: str, func: HandlerFunc, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def add(
+        self,
+        kind: str,
+        func: HandlerFunc,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        backoff: Backoff | None = None,
+    ) -> None:
         name = getattr(func, "__qualname__", repr(func))
         if not inspect.iscoroutinefunction(func):
             raise TypeError(
@@ -104,7 +168,8 @@ class Registry:
             raise ValueError(f"kind {kind!r} already has a handler: {self._handlers[kind].func}")
         if timeout <= 0:
             raise ValueError(f"timeout of {kind!r} must be positive, got {timeout}")
-        self._handlers[kind] = Registration(kind, func, _payload_model(kind, func), timeout)
+        model = _payload_model(kind, func)
+        self._handlers[kind] = Registration(kind, func, model, timeout, backoff)
 
     def get(self, kind: str) -> Registration | None:
         return self._handlers.get(kind)

@@ -1,5 +1,6 @@
 """e2e_probe: records each run (and the job's owner) in a file; sleeps, fails (a
-UserFacingError too), reports progress and returns a result on demand (template tests)."""
+UserFacingError too, or a RetryAfter), reports progress and returns a result on demand
+(template tests)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..registry import JobInfo, PermanentError, UserFacingError, handler
+from ..registry import JobInfo, PermanentError, RetryAfter, UserFacingError, handler
 
 
 class Probe(BaseModel):
@@ -23,6 +24,8 @@ class Probe(BaseModel):
     user_error: str | None = None
     # raised as a PermanentError: its owner reads nothing, whatever its text
     permanent_error: str | None = None
+    # raised as RetryAfter(retry_after): the next attempt that many seconds from now
+    retry_after: float | None = None
     # reported with job.report_progress() before the sleep, when given
     progress: Any = None
     # returned: the job's result
@@ -43,6 +46,8 @@ async def e2e_probe(payload: Probe, job: JobInfo) -> Any:
         record("progress", reported=await job.report_progress(payload.progress))
     if payload.sleep and (job.attempt == 1 or not payload.sleep_first_attempt_only):
         await asyncio.sleep(payload.sleep)
+    if payload.retry_after is not None:
+        raise RetryAfter(payload.retry_after, "the API said: retry later")
     if payload.error:
         raise RuntimeError(payload.error)
     if payload.user_error:

@@ -7,6 +7,7 @@ never by the text of the error."""
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 
 from ..queue import Job
 from .context import WorkerContext
@@ -25,17 +26,18 @@ async def report_failure(
     retryable: bool,
     started: float,
     shown: str | None = None,
+    retry_in: timedelta | None = None,
 ) -> None:
     """Record a failed attempt of `job` (its handler started at `started`, a time.monotonic()
     reading) with `error`; counted retried, dead, or lost when its token was stale (the job
     was taken back). With `shown`, the job fails for good and `shown` is the message its owner
-    reads in my_jobs."""
+    reads in my_jobs. A retried job runs again after `retry_in`, or the database's backoff()."""
     queue = context.queue
 
     async def fail() -> str | None:
         if shown is not None:
             return await queue.fail_user_facing(job.id, job.lock_token, shown)
-        return await queue.fail(job, error, retryable=retryable)
+        return await queue.fail(job, error, retryable=retryable, retry_in=retry_in)
 
     try:
         status = await report(fail, context)

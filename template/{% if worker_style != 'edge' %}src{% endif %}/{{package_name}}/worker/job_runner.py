@@ -3,11 +3,12 @@
 
 The payload is validated with the handler's model, the handler runs in a task of its own, and
 the outcome goes back to the queue: success, with the handler's result, to the batched
-completions; a failure to fail() with the error (the queue decides between a retry with
-backoff and the dead letters), a UserFacingError to fail_user_facing() (the job's owner reads
-its message); a job still running at shutdown to release(). A result that
-is not JSON or is over max_result_bytes fails its job for good (queue/results.py). The handler's
-progress reports go to the queue as it makes them, with the job's lock token.
+completions; a failure to fail() with the error (the queue decides between a retry and the
+dead letters; a retry comes after the delay a RetryAfter names, else after the kind's own
+Backoff, else after the database's backoff()); a UserFacingError to fail_user_facing() (the
+job's owner reads its message); a job still running at shutdown to release(). A result that
+is not JSON or is over max_result_bytes fails its job for good (queue/results.py). The
+handler's progress reports go to the queue as it makes them, with the job's lock token.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from pydantic import ValidationError
@@ -27,6 +29,7 @@ from ..registry import (
     JobInfo,
     PermanentError,
     Registration,
+    RetryAfter,
     UserFacingError,
     describe_validation_error,
 )
@@ -145,7 +148,9 @@ class JobRunner:
             await self._fail(job, *_permanent_error(exc), retryable=False, started=started)
             return
         except Exception as exc:
-            await self._fail(job, describe_exception(exc), retryable=True, started=started)
+            retry_in = _retry_in(registration, job, exc)
+            error = describe_exception(exc)
+            await self._fail(job, error, retryable=True, started=started, retry_in=retry_in)
             return
         try:
             result = None if returned is None else self._result(job, returned)
@@ -183,7 +188,8 @@ class JobRunner:
         lease was lost (another attempt owns it now: nothing to report)."""
         if reason == "timeout":
             error = f"TimeoutError: timed out after {registration.timeout:g}s"
-            await self._fail(job, error, retryable=True, started=started)
+            retry_in = _retry_in(registration, job)
+            await self._fail(job, error, retryable=True, started=started, retry_in=retry_in)
             return
         self.context.metrics.finished([job], "lost")
         log.error(
@@ -225,11 +231,35 @@ class JobRunner:
         )
 
     async def _fail(
-        self, job: Job, error: str, shown: str | None = None, *, retryable: bool, started: float
+        self,
+        job: Job,
+        error: str,
+        shown: str | None = None,
+        *,
+        retryable: bool,
+        started: float,
+        retry_in: timedelta | None = None,
     ) -> None:
         await report_failure(
-            self.context, job, error, retryable=retryable, started=started, shown=shown
+            self.context,
+            job,
+            error,
+            retryable=retryable,
+            started=started,
+            shown=shown,
+            retry_in=retry_in,
         )
+
+
+def _retry_in(
+    registration: Registration, job: Job, error: BaseException | None = None
+) -> timedelta | None:
+    """The pause before the next attempt of `job` after a failed one: the delay a RetryAfter
+    names, else the kind's own Backoff, else None for the database's backoff()."""
+    if isinstance(error, RetryAfter):
+        return error.delay
+    backoff = registration.backoff
+    return None if backoff is None else backoff.delay(job.attempts)
 
 
 def _permanent_error(exc: PermanentError) -> tuple[str, str | None]:
