@@ -17,6 +17,7 @@ from pathlib import Path
 
 from . import (
     client_jobs,
+    edge_worker,
     flow_control,
     generated_worker,
     hot_path_steps,
@@ -143,6 +144,20 @@ def wakeup_scenarios(
     if standin is not None and "wakeup_edge" in ready:
         out["wakeup_edge"] = lambda s: wakeups.edge(s, runs, standin, linger)
     return out
+
+
+def edge_scenarios(
+    ready: set[str], standin: generated_worker.StandIn | None, linger: float | None
+) -> dict[str, Callable[[Stack], Figures]]:
+    """The Edge Function worker's own cost (bench/edge_worker.py), when it could be set up."""
+    settings = {} if linger is None else {"PGQUEUE_LINGER_MS": str(round(linger * 1000))}
+    if standin is None:
+        return {}
+    return {
+        name: lambda s, n=name: edge_worker.run(s, n, standin, settings)
+        for name in edge_worker.SCENARIOS
+        if name in ready
+    }
 
 
 def scenarios(sizes: Sizes) -> dict[str, Callable[[Stack], Figures]]:
@@ -389,7 +404,7 @@ def _worker_overhead(jobs: int, repeats: int, out: Path, started: datetime) -> i
 def _known(sizes: Sizes) -> list[str]:
     """Every scenario's name, in the order they run within a repeat."""
     workers = worker_scenarios(sizes, dict.fromkeys(TRANSPORTS))
-    return [*scenarios(sizes), *workers, *wakeups.PROJECTS, "finished_rows"]
+    return [*scenarios(sizes), *workers, *wakeups.PROJECTS, *edge_worker.SCENARIOS, "finished_rows"]
 
 
 def _profile_worker(stack: Stack, name: str, jobs: int, profile: Path) -> None:
@@ -426,14 +441,17 @@ def _run_scenarios(
         if any(w.startswith("worker_") and name in w.split("_") for w in wanted)
     ]
     woken = [name for name in wakeups.PROJECTS if name in wanted]
+    edge_wanted = [name for name in edge_worker.SCENARIOS if name in wanted]
     # the python-http projects of the wake-up scenarios are installed with the others
     python_http = {wakeups.PROJECTS[name]: name for name in woken if name != "wakeup_edge"}
     projects = [*needed, *python_http]
     try:
         began = time.monotonic()
         installed = generated_worker.install({name: stack.projects[name] for name in projects})
-        if "wakeup_edge" in woken:
-            installed["edge"] = wakeups.install_edge(stack.projects["edge"])
+        if "wakeup_edge" in woken or edge_wanted:
+            installed["edge"] = wakeups.install_edge(stack.projects["edge"]) or (
+                edge_worker.install(stack.projects["edge"])
+            )
         took = time.monotonic() - began
         print(f"bench: installed the rendered projects {took:.1f}s", file=sys.stderr)
         ready: set[str] = set()
@@ -449,12 +467,15 @@ def _run_scenarios(
             if why:
                 skipped[scenario or f"worker_{name}"] = why
                 print(f"bench: skipping the {name} worker: {why}", file=sys.stderr)
+        if "wakeup_edge" in ready:
+            ready |= set(edge_wanted)
         if ready & {"wakeup_http_supabase", "wakeup_edge"}:
             standin = generated_worker.StandIn(stack)
         repeated = (
             scenarios(sizes)
             | worker_scenarios(sizes, transports)
             | wakeup_scenarios(sizes, ready, standin, linger)
+            | edge_scenarios(ready, standin, linger)
         )
         for repeat in range(repeats):
             for name, run in repeated.items():
