@@ -69,6 +69,8 @@ class Sizes:
     gauge_unfolded: int
     # the my_jobs scenario: one user's finished jobs (and as many of other users')
     client_finished: int
+    edge_jobs: int = 2_000  # the Edge Function's drains (bench/edge_worker.py)
+    edge_minute_s: float = 60.0  # its trickle and idle spans
 
 
 FULL = Sizes(
@@ -83,6 +85,7 @@ SMOKE = Sizes(
     churn_jobs=3_000, churn_segment=500, churn_backlog=500,
     fairness_big=1_000, rate_per_s=100.0, rate_burst=10, rate_seconds=2.0,
     limited_jobs=200, gauge_jobs=2_000, gauge_unfolded=500, client_finished=200,
+    edge_jobs=200, edge_minute_s=3.0,
 )  # fmt: skip
 TRANSPORTS = ("postgres", "supabase")
 
@@ -147,14 +150,19 @@ def wakeup_scenarios(
 
 
 def edge_scenarios(
-    ready: set[str], standin: generated_worker.StandIn | None, linger: float | None
+    sizes: Sizes,
+    ready: set[str],
+    standin: generated_worker.StandIn | None,
+    linger: float | None,
 ) -> dict[str, Callable[[Stack], Figures]]:
     """The Edge Function worker's own cost (bench/edge_worker.py), when it could be set up."""
     settings = {} if linger is None else {"PGQUEUE_LINGER_MS": str(round(linger * 1000))}
     if standin is None:
         return {}
     return {
-        name: lambda s, n=name: edge_worker.run(s, n, standin, settings)
+        name: lambda s, n=name: edge_worker.run(
+            s, n, standin, settings, sizes.edge_jobs, sizes.edge_minute_s
+        )
         for name in edge_worker.SCENARIOS
         if name in ready
     }
@@ -475,7 +483,7 @@ def _run_scenarios(
             scenarios(sizes)
             | worker_scenarios(sizes, transports)
             | wakeup_scenarios(sizes, ready, standin, linger)
-            | edge_scenarios(ready, standin, linger)
+            | edge_scenarios(sizes, ready, standin, linger)
         )
         for repeat in range(repeats):
             for name, run in repeated.items():

@@ -5,13 +5,13 @@ The rendered Edge Function runs under `deno run` (as tests/edge/deno_worker.py s
 through the PostgREST stand-in, woken by the real pg_net. Its CPU is the Deno process's (user +
 system from /proc, every thread): what the runtime would count against the isolate.
 
-- `edge_drain_noop`, `edge_drain_cpu_1ms`: DRAIN_JOBS jobs enqueued by one statement (so one
+- `edge_drain_noop`, `edge_drain_cpu_1ms`: `jobs` jobs (2,000) enqueued by one statement (so one
   wake-up), no-op or each holding the thread for 1 ms of CPU: jobs/s from the enqueue to the
   last job done, and the function's CPU a job.
-- `edge_trickle`: one job every TRICKLE_EVERY seconds for TRICKLE_S (each its own enqueue and
-  wake-up): the function's CPU a minute, what lingering between jobs costs.
-- `edge_idle`: one wake-up with nothing queued, then nothing for IDLE_S: the function's CPU a
-  minute.
+- `edge_trickle`: one job every TRICKLE_EVERY seconds for `minute` seconds (60; each its own
+  enqueue and wake-up): the function's CPU a minute, what lingering between jobs costs.
+- `edge_idle`: one wake-up with nothing queued, then nothing for `minute` seconds: the
+  function's CPU a minute.
 """
 
 from __future__ import annotations
@@ -32,10 +32,7 @@ from .stack import SCHEMA, Stack
 
 Figures = dict[str, float]
 
-DRAIN_JOBS = 2_000
 TRICKLE_EVERY = 1.5
-TRICKLE_S = 60.0
-IDLE_S = 60.0
 SCENARIOS = ("edge_drain_noop", "edge_drain_cpu_1ms", "edge_trickle", "edge_idle")
 # One `deno run` process stands for one isolate; its per-isolate limits (wall clock, time
 # budget, CPU budget) are lifted for the drains, which measure the worker's own cost a job:
@@ -81,7 +78,14 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run(stack: Stack, name: str, standin: StandIn, settings: dict[str, str]) -> Figures:
+def run(
+    stack: Stack,
+    name: str,
+    standin: StandIn,
+    settings: dict[str, str],
+    jobs: int,
+    minute: float,
+) -> Figures:
     from deno import find_deno_bin
 
     from testkit.stack import point_wake_ups, wait_for_pg_net
@@ -105,22 +109,22 @@ def run(stack: Stack, name: str, standin: StandIn, settings: dict[str, str]) -> 
                 conn.execute(
                     f"insert into {SCHEMA}.jobs (kind, payload) "
                     "select %s, %s::jsonb from generate_series(1, %s)",
-                    (kind, psycopg.types.json.Jsonb(payload), DRAIN_JOBS),
+                    (kind, psycopg.types.json.Jsonb(payload), jobs),
                 )
-                _wait_done(conn, DRAIN_JOBS, timeout=300)
+                _wait_done(conn, jobs, timeout=300)
                 took, used = time.monotonic() - began, cpu_s(pid) - cpu
-                return {"jobs_per_s": DRAIN_JOBS / took, "cpu_us_per_job": used / DRAIN_JOBS * 1e6}
+                return {"jobs_per_s": jobs / took, "cpu_us_per_job": used / jobs * 1e6}
             if name == "edge_trickle":
-                jobs = 0
-                while time.monotonic() - began < TRICKLE_S:
+                sent = 0
+                while time.monotonic() - began < minute:
                     conn.execute(f"select {SCHEMA}.enqueue('noop')")
-                    jobs += 1
+                    sent += 1
                     time.sleep(TRICKLE_EVERY)
-                _wait_done(conn, jobs, timeout=60)
+                _wait_done(conn, sent, timeout=60)
             else:  # edge_idle: one wake-up, nothing queued
                 conn.execute(f"select {SCHEMA}._wake('bench idle', array['default'])")
                 wait_for_pg_net(conn, timeout=30)
-                time.sleep(max(0.0, IDLE_S - (time.monotonic() - began)))
+                time.sleep(max(0.0, minute - (time.monotonic() - began)))
             took, used = time.monotonic() - began, cpu_s(pid) - cpu
             return {"cpu_ms_per_minute": used * 1000 * 60 / took}
     finally:

@@ -115,6 +115,11 @@ SCENARIOS = {
         }
         for scenario in ("wakeup_http_postgres", "wakeup_http_supabase", "wakeup_edge")
     },
+    # the Edge Function worker's own cost
+    "edge_drain_noop": {"jobs_per_s", "cpu_us_per_job"},
+    "edge_drain_cpu_1ms": {"jobs_per_s", "cpu_us_per_job"},
+    "edge_trickle": {"cpu_ms_per_minute"},
+    "edge_idle": {"cpu_ms_per_minute"},
 }
 
 
