@@ -399,6 +399,15 @@ def test_every_question_has_a_validator_or_fixed_choices() -> None:
         assert spec.get("help"), f"{name} has no help text"
 
 
+def test_the_package_question_says_what_the_package_is_for_an_edge_project_too() -> None:
+    """An edge project's Python package is its dashboard's and CLI's, not a worker's: the
+    question asked before the worker style says so (a new user was asked for "the worker's"
+    package and chose an Edge Function worker)."""
+    asked = " ".join(questions()["package_name"]["help"].split())
+    assert "src/<package_name>" in asked and "dashboard/src/<package_name>" in asked, asked
+    assert "Edge Function" in asked, asked
+
+
 # What each worker style is asked besides worker_style: the wake-up questions only where the
 # database POSTs to the worker (python LISTENs or polls), the transport only of Python workers,
 # the function's name only of the edge worker.
