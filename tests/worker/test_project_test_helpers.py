@@ -60,7 +60,9 @@ def test_the_helpers_fail_each_wrong_test_saying_why(
     assert "outcome='done'" in failed["test_wrong_result"]
     assert "result=3.0" in failed["test_wrong_result"]
     failing = failed["test_failing_handler"]
-    assert "outcome='failed'" in failing and "error='RuntimeError: the API is down'" in failing
+    # (its error first, then its traceback, escaped in the outcome's repr)
+    assert "outcome='failed'" in failing
+    assert "error='RuntimeError: the API is down\\nTraceback (most recent call last)" in failing
     hanging = failed["test_never_finishing_handler_times_out_in_the_drain"]
     assert "error='TimeoutError: timed out after 1s'" in hanging
     # a drain that runs past its own timeout fails, naming the job still running

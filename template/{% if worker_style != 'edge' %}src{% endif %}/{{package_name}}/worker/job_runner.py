@@ -37,7 +37,7 @@ from .completions import Completions
 from .context import WorkerContext
 from .failures import report_failure
 from .leases import LeaseKeeper, StopReason
-from .logs import describe_exception, job_fields, ms_since
+from .logs import describe_exception, describe_failure, job_fields, ms_since
 from .reports import NotReported, report
 
 log = logging.getLogger(__name__)
@@ -149,7 +149,9 @@ class JobRunner:
             return
         except Exception as exc:
             retry_in = _retry_in(registration, job, exc)
-            error = describe_exception(exc)
+            # a delay the handler chose is no surprise: its message alone
+            chosen = isinstance(exc, RetryAfter)
+            error = describe_exception(exc) if chosen else describe_failure(exc)
             await self._fail(job, error, retryable=True, started=started, retry_in=retry_in)
             return
         try:

@@ -10,6 +10,7 @@ import json
 import logging
 import sys
 import time
+import traceback
 from datetime import UTC, datetime
 from typing import Any
 
@@ -57,3 +58,17 @@ def ms_since(started: float) -> float:
 def describe_exception(exc: BaseException) -> str:
     """`TypeName: message`, or the type's name alone when the message is empty."""
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+# How much of a failed handler's traceback a job keeps (its last_error) and its log line shows:
+# the end, where it went wrong.
+TRACEBACK_CHARS = 4_000
+
+
+def describe_failure(exc: BaseException) -> str:
+    """describe_exception() on the first line, then the traceback's last TRACEBACK_CHARS
+    characters: what a handler's unexpected error leaves in the log and in the job."""
+    trace = "".join(traceback.format_exception(exc)).rstrip()
+    if len(trace) > TRACEBACK_CHARS:
+        trace = "..." + trace[-TRACEBACK_CHARS:]
+    return f"{describe_exception(exc)}\n{trace}"
