@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from testkit.cluster import Cluster
-from testkit.postgrest import PostgRESTStandIn
+from testkit.postgrest import PostgRESTStandIn, make_jwt
 from testkit.project import PYTHON_VARIANTS
 from tests.support.workers import SCRIPT, Installed
 
@@ -131,6 +131,19 @@ def test_the_data_api_without_the_queue_schema(
         f"first {MIGRATE}, and expose the schema: [api] schemas in supabase/config.toml "
         "(local), Settings > API > Exposed schemas (hosted)"
     )
+
+
+@data_api_only
+@pytest.mark.parametrize("command", [["stats"], ["worker"]], ids=str)
+def test_the_anon_key_given_as_the_service_key(
+    installed: Installed, stack_env: dict, command: list[str]
+) -> None:
+    """A new user gave the anon key: "42501: permission denied for schema pgqueue (None)"
+    named no mistake. The line names the likely one and where the right key is."""
+    env = environment(installed, stack_env, SERVICE_ROLE_KEY=make_jwt("anon"))
+    line = error_line(cli(installed, env, *command))
+    assert line.startswith("error: permission denied for schema pgqueue: the key given "), line
+    assert "is not the service_role key (the anon key, or a user's token?)" in line, line
 
 
 @each_transport
