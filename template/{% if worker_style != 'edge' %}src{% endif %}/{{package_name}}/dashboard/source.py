@@ -100,6 +100,11 @@ class QueueSource(Protocol):
         """Rows of the `dead_letters` view, newest first."""
         ...
 
+    async def unclaimed(self) -> Sequence[Row]:
+        """Rows of the `unclaimed` view: queued jobs per queue and kind that no worker seen in
+        the last 10 minutes claims (a kind no handler has, a misspelt one)."""
+        ...
+
     async def retrying(self, limit: int = 50) -> Sequence[Row]:
         """Queued jobs that failed before and wait for their next attempt, soonest first."""
         ...

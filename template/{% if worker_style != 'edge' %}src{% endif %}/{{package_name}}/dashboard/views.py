@@ -136,18 +136,20 @@ class Views:
         sid = self._session(request)
         if sid is None:
             return RedirectResponse("/login", status_code=303)
-        stats, states, dead, retrying, throughput = await asyncio.gather(
+        stats, states, dead, retrying, throughput, unclaimed = await asyncio.gather(
             self._source.stats(),
             self._source.queue_states(),
             self._source.dead_letters(LIST_LIMIT),
             self._source.retrying(LIST_LIMIT),
             self._source.throughput(THROUGHPUT_MINUTES),
+            self._source.unclaimed(),
         )
         return self._render(
             "overview.html",
             sid,
             queues=summarize(stats, states),
             kinds=sorted(stats, key=lambda r: (r["queue"], r["kind"], r["status"])),
+            unclaimed={(row["queue"], row["kind"]) for row in unclaimed},
             dead_letters=dead,
             retrying=retrying,
             chart=throughput_chart(throughput),
