@@ -82,11 +82,16 @@ export interface WorkerQueue {
   completeAndClaim(options: CompleteAndClaimOptions): Promise<ClaimedJob[]>;
   /** Completes one job, storing `result` (null: none); false when its lease was lost. */
   complete(attempt: Attempt, result?: Json, signal?: AbortSignal): Promise<boolean>;
+  /**
+   * Fails the attempt: the job goes back to the queue after `retryInSeconds` (undefined: the
+   * database's backoff()), or to the dead letters when not `retryable` or out of attempts.
+   */
   fail(
     job: ClaimedJob,
     error: string,
     retryable: boolean,
     signal?: AbortSignal,
+    retryInSeconds?: number,
   ): Promise<FailOutcome>;
   /**
    * Fails the job for good with an error its owner reads in `my_jobs` (a UserFacingError):
@@ -192,8 +197,19 @@ export function workerQueue(api: DataApi): WorkerQueue {
     },
     complete: (attempt, result = null, signal) =>
       api.call("complete", { ...lease(attempt), result }, boolean, signal),
-    fail: (job, error, retryable, signal) =>
-      api.call("fail", { ...lease(job), error, retryable }, failOutcome, signal),
+    fail: (job, error, retryable, signal, retryInSeconds) =>
+      api.call(
+        "fail",
+        {
+          ...lease(job),
+          error,
+          retryable,
+          // An interval as Postgres reads it; only when the worker chose the delay.
+          ...(retryInSeconds === undefined ? {} : { retry_in: `${retryInSeconds} seconds` }),
+        },
+        failOutcome,
+        signal,
+      ),
     failUserFacing: (job, message, signal) =>
       api.call("fail_user_facing", { ...lease(job), message }, failOutcome, signal),
     release: (attempt, signal) => api.call("release", lease(attempt), boolean, signal),

@@ -1,4 +1,6 @@
-// Test helpers (used by the *_test.ts files only): an in-memory queue that follows the SQL
+// Test helpers (used by the *_test.ts files only). For your handlers' tests: runJob()
+// (testing_run.ts) and withFakeDataApi() with assertEnqueued() (testing_enqueue.ts), shown in
+// README.md. For the machinery's tests: an in-memory queue that follows the SQL
 // functions' rules for claims, leases, lock tokens, attempts, results and progress, a
 // handler's context for tests of one handler, a Data API that records what it is sent
 // (withApi), and the handlers, options and waits the drain's tests share; with the clock that
@@ -27,6 +29,22 @@ import {
 } from "./queue.ts";
 import { type DrainOptions, type DrainSummary, startDrain } from "./worker.ts";
 export { FakeClock, FakeCpuMeter } from "./fakes.ts";
+// For your own tests: a handler run with a made-up job, and what a test enqueued.
+export {
+  DEFAULT_TEST_TIMEOUT_MS,
+  type HandlerRun,
+  HandlerTimedOut,
+  runJob,
+  type RunJobOptions,
+} from "./testing_run.ts";
+export {
+  assertEnqueued,
+  type EnqueuedJob,
+  type FakeDataApi,
+  type JobFilter,
+  refuteEnqueued,
+  withFakeDataApi,
+} from "./testing_enqueue.ts";
 
 export interface StoredJob extends ClaimedJob {
   status: "queued" | "running" | "done" | "failed";
@@ -206,12 +224,23 @@ export class MemoryQueue implements WorkerQueue {
     return Promise.resolve(true);
   }
 
-  fail(claimed: ClaimedJob, error: string, retryable: boolean): Promise<FailOutcome> {
+  /** Each fail() call: the job, and the delay the worker chose (undefined: the database's). */
+  failures: { id: number; retryInSeconds: number | undefined }[] = [];
+
+  fail(
+    claimed: ClaimedJob,
+    error: string,
+    retryable: boolean,
+    _signal?: AbortSignal,
+    retryInSeconds?: number,
+  ): Promise<FailOutcome> {
+    this.failures.push({ id: claimed.id, retryInSeconds });
     const job = this.holder(claimed);
     if (job === undefined) return Promise.resolve(null);
     job.status = retryable && job.attempts < job.max_attempts ? "queued" : "failed";
     job.lastError = error;
-    job.runAfter = Date.now() + this.backoffMs;
+    job.runAfter = Date.now() +
+      (retryInSeconds === undefined ? this.backoffMs : 1000 * retryInSeconds);
     return Promise.resolve(job.status);
   }
 
