@@ -56,6 +56,9 @@ export class UserFacingError extends PermanentError {
   override name = "UserFacingError";
 }
 
+/** The longest delay RetryAfter takes, in seconds. */
+export const MAX_RETRY_SECONDS = 1e9;
+
 /**
  * Throw this from a handler to fail the attempt and have the job tried again after `seconds`
  * instead of the kind's backoff: say, the Retry-After of an API that answered 429. The attempt
@@ -67,8 +70,11 @@ export class RetryAfter extends Error {
   readonly seconds: number;
 
   constructor(seconds: number, message?: string) {
-    if (!(Number.isFinite(seconds) && seconds >= 0)) {
-      throw new RangeError(`RetryAfter needs a delay of 0 seconds or more, got ${seconds}`);
+    if (!(seconds >= 0 && seconds <= MAX_RETRY_SECONDS)) {
+      throw new RangeError(
+        `RetryAfter needs a delay of 0 to ${MAX_RETRY_SECONDS} seconds (about 31 years), ` +
+          `got ${seconds}`,
+      );
     }
     super(message ?? `retry after ${seconds}s`);
     this.seconds = seconds;

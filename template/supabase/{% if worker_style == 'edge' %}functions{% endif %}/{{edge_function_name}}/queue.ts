@@ -205,7 +205,7 @@ export function workerQueue(api: DataApi): WorkerQueue {
           error,
           retryable,
           // An interval as Postgres reads it; only when the worker chose the delay.
-          ...(retryInSeconds === undefined ? {} : { retry_in: `${retryInSeconds} seconds` }),
+          ...(retryInSeconds === undefined ? {} : { retry_in: interval(retryInSeconds) }),
         },
         failOutcome,
         signal,
@@ -239,6 +239,11 @@ export function workerQueue(api: DataApi): WorkerQueue {
       return new Map(rows.map(({ id, owner }) => [id, owner]));
     },
   };
+}
+
+/** Seconds as a Postgres interval, to the millisecond (never in exponent notation). */
+function interval(seconds: number): string {
+  return `${(Math.round(seconds * 1000) / 1000).toFixed(3)} seconds`;
 }
 
 /** The arguments that say which attempt a call is about: the job and its claim's lock token. */
