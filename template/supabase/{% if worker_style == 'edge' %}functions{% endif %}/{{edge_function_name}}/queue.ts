@@ -198,18 +198,7 @@ export function workerQueue(api: DataApi): WorkerQueue {
     complete: (attempt, result = null, signal) =>
       api.call("complete", { ...lease(attempt), result }, boolean, signal),
     fail: (job, error, retryable, signal, retryInSeconds) =>
-      api.call(
-        "fail",
-        {
-          ...lease(job),
-          error,
-          retryable,
-          // An interval as Postgres reads it; only when the worker chose the delay.
-          ...(retryInSeconds === undefined ? {} : { retry_in: interval(retryInSeconds) }),
-        },
-        failOutcome,
-        signal,
-      ),
+      api.call("fail", failArgs(job, error, retryable, retryInSeconds), failOutcome, signal),
     failUserFacing: (job, message, signal) =>
       api.call("fail_user_facing", { ...lease(job), message }, failOutcome, signal),
     release: (attempt, signal) => api.call("release", lease(attempt), boolean, signal),
@@ -238,6 +227,16 @@ export function workerQueue(api: DataApi): WorkerQueue {
       const rows = await api.call("job_owners", { job_ids: ids }, ownerRows, signal);
       return new Map(rows.map(({ id, owner }) => [id, owner]));
     },
+  };
+}
+
+/** fail()'s arguments: `retry_in` only when the worker chose the delay. */
+function failArgs(job: Attempt, error: string, retryable: boolean, retryInSeconds?: number) {
+  return {
+    ...lease(job),
+    error,
+    retryable,
+    ...(retryInSeconds === undefined ? {} : { retry_in: interval(retryInSeconds) }),
   };
 }
 

@@ -1,19 +1,13 @@
-// Test helpers (used by the *_test.ts files only). For your handlers' tests: runJob()
-// (testing_run.ts) and withFakeDataApi() with assertEnqueued() (testing_enqueue.ts), shown in
-// README.md. For the machinery's tests: an in-memory queue that follows the SQL
+// Test helpers (used by the *_test.ts files only). For your handlers' tests: runJob() and
+// jobContext() (testing_run.ts), withFakeDataApi() with assertEnqueued() (testing_enqueue.ts),
+// shown in README.md. For the machinery's tests: an in-memory queue that follows the SQL
 // functions' rules for claims, leases, lock tokens, attempts, results and progress, a
-// handler's context for tests of one handler, a Data API that records what it is sent
+// Data API that records what it is sent
 // (withApi), and the handlers, options and waits the drain's tests share; with the clock that
 // tests move and the CPU meter handlers spend on (fakes.ts).
 import assert from "node:assert/strict";
 import { z } from "zod";
-import {
-  defineHandler,
-  type HandlerMap,
-  type Job,
-  type JobContext,
-  PermanentError,
-} from "./job.ts";
+import { defineHandler, type HandlerMap, PermanentError } from "./job.ts";
 import {
   type Attempt,
   type ClaimedJob,
@@ -30,21 +24,8 @@ import {
 import { type DrainOptions, type DrainSummary, startDrain } from "./worker.ts";
 export { FakeClock, FakeCpuMeter } from "./fakes.ts";
 // For your own tests: a handler run with a made-up job, and what a test enqueued.
-export {
-  DEFAULT_TEST_TIMEOUT_MS,
-  type HandlerRun,
-  HandlerTimedOut,
-  runJob,
-  type RunJobOptions,
-} from "./testing_run.ts";
-export {
-  assertEnqueued,
-  type EnqueuedJob,
-  type FakeDataApi,
-  type JobFilter,
-  refuteEnqueued,
-  withFakeDataApi,
-} from "./testing_enqueue.ts";
+export * from "./testing_run.ts";
+export * from "./testing_enqueue.ts";
 
 export interface StoredJob extends ClaimedJob {
   status: "queued" | "running" | "done" | "failed";
@@ -281,36 +262,6 @@ export class MemoryQueue implements WorkerQueue {
       job.id === claimed.id && job.status === "running" && job.lock_token === claimed.lock_token
     );
   }
-}
-
-/**
- * A handler's context, for tests of one handler: job 42 of `kind` on its first attempt
- * (`job` changes any of that), a signal that never aborts, and progress reports kept in
- * `reported`.
- */
-export function jobContext(
-  kind: string,
-  job: Partial<Job> = {},
-): JobContext & { reported: Json[] } {
-  const reported: Json[] = [];
-  return {
-    job: {
-      id: 42,
-      kind,
-      queue: "default",
-      attempt: 1,
-      maxAttempts: 5,
-      concurrencyKey: null,
-      owner: null,
-      ...job,
-    },
-    signal: new AbortController().signal,
-    reportProgress: (progress) => {
-      reported.push(progress);
-      return Promise.resolve(true);
-    },
-    reported,
-  };
 }
 
 // -- drains ----------------------------------------------------------------------------------

@@ -10,7 +10,8 @@
 // it (JSON, within max_result_bytes). What the handler throws, runJob() rejects with
 // (PermanentError, RetryAfter, any error), so `assert.rejects` tells what the worker would do
 // with the job; a handler still running after `timeoutMs` rejects with HandlerTimedOut.
-import type { HandlerMap, Job } from "./job.ts";
+// jobContext() is a bare context, to call a handler yourself.
+import type { HandlerMap, Job, JobContext } from "./job.ts";
 import { handlers as projectHandlers } from "./handlers/mod.ts";
 import { type ClaimedJob, type Json, MAX_RESULT_BYTES, type WorkerQueue } from "./queue.ts";
 import { runJob as runInSlot } from "./run_job.ts";
@@ -129,3 +130,33 @@ const unmetered: CpuMeter = {
   charge: () => {},
   onBusy: () => () => {},
 };
+
+/**
+ * A handler's context, for tests of one handler: job 42 of `kind` on its first attempt
+ * (`job` changes any of that), a signal that never aborts, and progress reports kept in
+ * `reported`.
+ */
+export function jobContext(
+  kind: string,
+  job: Partial<Job> = {},
+): JobContext & { reported: Json[] } {
+  const reported: Json[] = [];
+  return {
+    job: {
+      id: 42,
+      kind,
+      queue: "default",
+      attempt: 1,
+      maxAttempts: 5,
+      concurrencyKey: null,
+      owner: null,
+      ...job,
+    },
+    signal: new AbortController().signal,
+    reportProgress: (progress) => {
+      reported.push(progress);
+      return Promise.resolve(true);
+    },
+    reported,
+  };
+}
