@@ -1,10 +1,9 @@
 // Test helpers (used by the *_test.ts files only). For your handlers' tests: runJob() and
 // jobContext() (testing_run.ts), withFakeDataApi() with assertEnqueued() (testing_enqueue.ts),
 // shown in README.md. For the machinery's tests: an in-memory queue that follows the SQL
-// functions' rules for claims, leases, lock tokens, attempts, results and progress, a
-// Data API that records what it is sent
-// (withApi), and the handlers, options and waits the drain's tests share; with the clock that
-// tests move and the CPU meter handlers spend on (fakes.ts).
+// functions' rules for claims, leases, lock tokens, attempts, results and progress, a Data API
+// that records what it is sent (withApi), and the handlers, options and waits the drain's tests
+// share; with the clock that tests move and the CPU meter handlers spend on (fakes.ts).
 import assert from "node:assert/strict";
 import { z } from "zod";
 import { defineHandler, type HandlerMap, PermanentError } from "./job.ts";
