@@ -49,12 +49,18 @@ def test_edge_function_layout(function_dir: Path) -> None:
         "handlers/mod.ts",
         "handlers/send_email.ts",
         "handlers/send_webhook.ts",
+        # the test helpers for the user's own tests, and the tests that show them failing
+        "testing_run.ts",
+        "testing_enqueue.ts",
+        "testing_test.ts",
     } <= files
     # One module per job kind, each with its tests, and all of them in the handler map.
     handler_map = (function_dir / "handlers" / "mod.ts").read_text()
     for kind in ("send_email", "send_webhook"):
         assert f"handlers/{kind}_test.ts" in files
         assert f'from "./{kind}.ts"' in handler_map
+        # the generated tests run each handler as the worker would, with the test helper
+        assert f'runJob("{kind}"' in (function_dir / "handlers" / f"{kind}_test.ts").read_text()
     assert not [f for f in files if f.endswith(".jinja")]
 
 

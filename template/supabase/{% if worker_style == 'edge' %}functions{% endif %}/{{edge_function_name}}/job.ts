@@ -1,6 +1,6 @@
 // Machinery: what a handler is. Handlers in handlers/ are built with defineHandler(), may
-// return a result and report progress, and may throw PermanentError; the worker (worker.ts)
-// does the rest.
+// return a result and report progress, may throw PermanentError or RetryAfter, and may give
+// their kind its own backoff; the worker (worker.ts) does the rest.
 import { z } from "zod";
 import type { Json } from "./queue.ts";
 
@@ -56,14 +56,100 @@ export class UserFacingError extends PermanentError {
   override name = "UserFacingError";
 }
 
+/** The longest delay RetryAfter takes, in seconds. */
+export const MAX_RETRY_SECONDS = 1e9;
+
+/**
+ * Throw this from a handler to fail the attempt and have the job tried again after `seconds`
+ * instead of the kind's backoff: say, the Retry-After of an API that answered 429. The attempt
+ * counts: after the job's last one it goes to the dead letters, as after any failure.
+ * `message` is the job's last_error.
+ */
+export class RetryAfter extends Error {
+  override name = "RetryAfter";
+  readonly seconds: number;
+
+  constructor(seconds: number, message?: string) {
+    if (!(seconds >= 0 && seconds <= MAX_RETRY_SECONDS)) {
+      throw new RangeError(
+        `RetryAfter needs a delay of 0 to ${MAX_RETRY_SECONDS} seconds (about 31 years), ` +
+          `got ${seconds}`,
+      );
+    }
+    super(message ?? `retry after ${seconds}s`);
+    this.seconds = seconds;
+  }
+}
+
+/**
+ * A kind's own delays between attempts: `base` seconds after the first failure, times
+ * `factor` after each next one, at most `cap`; `jitter` is the share of each delay drawn at
+ * random (0: none; 0.5, the database's own curve: a random point in the upper half), so jobs
+ * that failed together spread out. Each field left out is the database's: 5 s, 10 s, 20 s, ...
+ * up to an hour.
+ */
+export interface Backoff {
+  base?: number;
+  factor?: number;
+  cap?: number;
+  jitter?: number;
+}
+
+/** The database's backoff() curve, which a kind's Backoff starts from. */
+export const DATABASE_BACKOFF: Readonly<Required<Backoff>> = {
+  base: 5,
+  factor: 2,
+  cap: 3600,
+  jitter: 0.5,
+};
+
+/** `backoff` with the database's values where it has none; throws a RangeError if invalid. */
+export function checkBackoff(backoff: Backoff): Required<Backoff> {
+  const full = { ...DATABASE_BACKOFF, ...backoff };
+  const { base, factor, cap, jitter } = full;
+  if (!(base > 0 && factor >= 1 && cap >= base && Number.isFinite(cap))) {
+    throw new RangeError(
+      `invalid backoff ${JSON.stringify(backoff)}: base must be positive, factor 1 or more ` +
+        "and cap at least base (seconds)",
+    );
+  }
+  if (!(jitter >= 0 && jitter <= 1)) {
+    throw new RangeError(
+      `invalid backoff ${JSON.stringify(backoff)}: jitter is a share of the delay, 0 to 1`,
+    );
+  }
+  return full;
+}
+
+/** The pause (seconds) after failed attempt number `attempt` (1 for the first). */
+export function backoffDelay(
+  backoff: Backoff,
+  attempt: number,
+  random: () => number = Math.random,
+): number {
+  const { base, factor, cap, jitter } = checkBackoff(backoff);
+  const full = Math.min(cap, base * factor ** (Math.max(attempt, 1) - 1));
+  return full * (1 - jitter * random());
+}
+
+/** How a kind is run beyond its handler: its own backoff (default: the database's curve). */
+export interface HandlerOptions {
+  backoff?: Backoff;
+}
+
 /**
  * Runs one job; the payload is still unchecked JSON here. What it returns is the job's result
  * (JSON, up to `max_result_bytes`; undefined or null: none), stored when the job is done.
  */
-export type JobHandler = (
-  payload: unknown,
-  context: JobContext,
-) => Promise<unknown>;
+export type JobHandler =
+  & ((
+    payload: unknown,
+    context: JobContext,
+  ) => Promise<unknown>)
+  & {
+    /** The kind's own delays between failed attempts; none: the database's backoff(). */
+    readonly backoff?: Readonly<Required<Backoff>>;
+  };
 
 /** Job kind -> handler: the kinds this worker claims and how it runs them. */
 export type HandlerMap = Readonly<Record<string, JobHandler>>;
@@ -71,13 +157,15 @@ export type HandlerMap = Readonly<Record<string, JobHandler>>;
 /**
  * A handler for one job kind: the payload is validated with `schema` first, and a payload
  * that does not match fails the job for good, with zod's message as the job's last_error.
- * What `run` returns becomes the job's result.
+ * What `run` returns becomes the job's result. `options.backoff`: the kind's own delays
+ * between failed attempts (e.g. `{ base: 30, factor: 3, cap: 1800, jitter: 0.2 }`).
  */
 export function defineHandler<Schema extends z.ZodType, Result>(
   schema: Schema,
   run: (payload: z.output<Schema>, context: JobContext) => Promise<Result> | Result,
+  options: HandlerOptions = {},
 ): JobHandler {
-  return async (payload, context) => {
+  const handler: JobHandler = async (payload, context) => {
     const parsed = schema.safeParse(payload);
     if (!parsed.success) {
       throw new PermanentError(
@@ -86,4 +174,31 @@ export function defineHandler<Schema extends z.ZodType, Result>(
     }
     return await run(parsed.data, context);
   };
+  return options.backoff === undefined ? handler : withBackoff(handler, options.backoff);
+}
+
+/**
+ * `handler` with its kind's own backoff, for handlers/mod.ts:
+ * `sync_crm: withBackoff(syncCrm, { base: 30, cap: 1800 })`.
+ */
+export function withBackoff(handler: JobHandler, backoff: Backoff): JobHandler {
+  const full = Object.freeze(checkBackoff(backoff));
+  const run: JobHandler = (payload, context) => handler(payload, context);
+  return Object.assign(run, { backoff: full });
+}
+
+/**
+ * The pause (seconds) before the next attempt of a job of `kind` whose attempt number
+ * `attempt` failed with `error`: a RetryAfter's, else the kind's own backoff, else undefined
+ * (the database's backoff()).
+ */
+export function retryDelay(
+  handlers: HandlerMap,
+  kind: string,
+  attempt: number,
+  error: unknown,
+): number | undefined {
+  if (error instanceof RetryAfter) return error.seconds;
+  const backoff = Object.hasOwn(handlers, kind) ? handlers[kind].backoff : undefined;
+  return backoff === undefined ? undefined : backoffDelay(backoff, attempt);
 }

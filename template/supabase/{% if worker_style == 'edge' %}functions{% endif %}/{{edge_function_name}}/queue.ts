@@ -82,11 +82,16 @@ export interface WorkerQueue {
   completeAndClaim(options: CompleteAndClaimOptions): Promise<ClaimedJob[]>;
   /** Completes one job, storing `result` (null: none); false when its lease was lost. */
   complete(attempt: Attempt, result?: Json, signal?: AbortSignal): Promise<boolean>;
+  /**
+   * Fails the attempt: the job goes back to the queue after `retryInSeconds` (undefined: the
+   * database's backoff()), or to the dead letters when not `retryable` or out of attempts.
+   */
   fail(
     job: ClaimedJob,
     error: string,
     retryable: boolean,
     signal?: AbortSignal,
+    retryInSeconds?: number,
   ): Promise<FailOutcome>;
   /**
    * Fails the job for good with an error its owner reads in `my_jobs` (a UserFacingError):
@@ -192,8 +197,8 @@ export function workerQueue(api: DataApi): WorkerQueue {
     },
     complete: (attempt, result = null, signal) =>
       api.call("complete", { ...lease(attempt), result }, boolean, signal),
-    fail: (job, error, retryable, signal) =>
-      api.call("fail", { ...lease(job), error, retryable }, failOutcome, signal),
+    fail: (job, error, retryable, signal, retryInSeconds) =>
+      api.call("fail", failArgs(job, error, retryable, retryInSeconds), failOutcome, signal),
     failUserFacing: (job, message, signal) =>
       api.call("fail_user_facing", { ...lease(job), message }, failOutcome, signal),
     release: (attempt, signal) => api.call("release", lease(attempt), boolean, signal),
@@ -223,6 +228,21 @@ export function workerQueue(api: DataApi): WorkerQueue {
       return new Map(rows.map(({ id, owner }) => [id, owner]));
     },
   };
+}
+
+/** fail()'s arguments: `retry_in` only when the worker chose the delay. */
+function failArgs(job: Attempt, error: string, retryable: boolean, retryInSeconds?: number) {
+  return {
+    ...lease(job),
+    error,
+    retryable,
+    ...(retryInSeconds === undefined ? {} : { retry_in: interval(retryInSeconds) }),
+  };
+}
+
+/** Seconds as a Postgres interval, to the millisecond (never in exponent notation). */
+function interval(seconds: number): string {
+  return `${(Math.round(seconds * 1000) / 1000).toFixed(3)} seconds`;
 }
 
 /** The arguments that say which attempt a call is about: the job and its claim's lock token. */

@@ -1,6 +1,7 @@
 // Machinery: telling the database how each job of a drain (worker.ts) ended. A job that ran to
 // the end waits for the drain's next call, which completes it along with the next claim, its
-// result too; one that threw is failed (retried later, or dead-lettered); one cut off by the
+// result too; one that threw is failed (retried later: after a RetryAfter's delay, else its
+// kind's own backoff, else the database's; or dead-lettered); one cut off by the
 // deadline, the CPU budget or the function's unloading is released. The database measures a
 // result as it stores it and may refuse one: then the jobs with a result are completed one at
 // a time and the refused ones failed. The size limit for results is read once, when the first
@@ -57,6 +58,11 @@ export interface ReporterOptions {
   log: (event: LogEvent) => void;
   /** Where the per-job lines go (job.released): log.ts's jobLog(). */
   jobLog: (event: LogEvent) => void;
+  /**
+   * The pause (seconds) before a failed job's next attempt: a RetryAfter's or its kind's own
+   * backoff (job.ts's retryDelay()); undefined: the database's backoff().
+   */
+  retryDelay?: (job: ClaimedJob, error: unknown) => number | undefined;
   /** A signal for one Data API call. */
   callSignal: () => AbortSignal;
   /** The drain's clock: the pauses between tries of completions go by it. */
@@ -217,7 +223,13 @@ export class Reporter {
       const signal = this.options.callSignal();
       const status = error instanceof UserFacingError
         ? await this.options.queue.failUserFacing(job, error.message, signal)
-        : await this.options.queue.fail(job, stored, retryable, signal);
+        : await this.options.queue.fail(
+          job,
+          stored,
+          retryable,
+          signal,
+          retryable ? this.options.retryDelay?.(job, error) : undefined,
+        );
       if (status === "queued") this.counts.retried += 1;
       else if (status === "failed") this.counts.deadLettered += 1;
       else this.counts.stale += 1;

@@ -1,17 +1,12 @@
-// Test helpers (used by the *_test.ts files only): an in-memory queue that follows the SQL
-// functions' rules for claims, leases, lock tokens, attempts, results and progress, a
-// handler's context for tests of one handler, a Data API that records what it is sent
-// (withApi), and the handlers, options and waits the drain's tests share; with the clock that
-// tests move and the CPU meter handlers spend on (fakes.ts).
+// Test helpers (used by the *_test.ts files only). For your handlers' tests: runJob() and
+// jobContext() (testing_run.ts), withFakeDataApi() with assertEnqueued() (testing_enqueue.ts),
+// shown in README.md. For the machinery's tests: an in-memory queue that follows the SQL
+// functions' rules for claims, leases, lock tokens, attempts, results and progress, a Data API
+// that records what it is sent (withApi), and the handlers, options and waits the drain's tests
+// share; with the clock that tests move and the CPU meter handlers spend on (fakes.ts).
 import assert from "node:assert/strict";
 import { z } from "zod";
-import {
-  defineHandler,
-  type HandlerMap,
-  type Job,
-  type JobContext,
-  PermanentError,
-} from "./job.ts";
+import { defineHandler, type HandlerMap, PermanentError } from "./job.ts";
 import {
   type Attempt,
   type ClaimedJob,
@@ -27,6 +22,9 @@ import {
 } from "./queue.ts";
 import { type DrainOptions, type DrainSummary, startDrain } from "./worker.ts";
 export { FakeClock, FakeCpuMeter } from "./fakes.ts";
+// For your own tests: a handler run with a made-up job, and what a test enqueued.
+export * from "./testing_run.ts";
+export * from "./testing_enqueue.ts";
 
 export interface StoredJob extends ClaimedJob {
   status: "queued" | "running" | "done" | "failed";
@@ -206,12 +204,23 @@ export class MemoryQueue implements WorkerQueue {
     return Promise.resolve(true);
   }
 
-  fail(claimed: ClaimedJob, error: string, retryable: boolean): Promise<FailOutcome> {
+  /** Each fail() call: the job, and the delay the worker chose (undefined: the database's). */
+  failures: { id: number; retryInSeconds: number | undefined }[] = [];
+
+  fail(
+    claimed: ClaimedJob,
+    error: string,
+    retryable: boolean,
+    _signal?: AbortSignal,
+    retryInSeconds?: number,
+  ): Promise<FailOutcome> {
+    this.failures.push({ id: claimed.id, retryInSeconds });
     const job = this.holder(claimed);
     if (job === undefined) return Promise.resolve(null);
     job.status = retryable && job.attempts < job.max_attempts ? "queued" : "failed";
     job.lastError = error;
-    job.runAfter = Date.now() + this.backoffMs;
+    job.runAfter = Date.now() +
+      (retryInSeconds === undefined ? this.backoffMs : 1000 * retryInSeconds);
     return Promise.resolve(job.status);
   }
 
@@ -252,36 +261,6 @@ export class MemoryQueue implements WorkerQueue {
       job.id === claimed.id && job.status === "running" && job.lock_token === claimed.lock_token
     );
   }
-}
-
-/**
- * A handler's context, for tests of one handler: job 42 of `kind` on its first attempt
- * (`job` changes any of that), a signal that never aborts, and progress reports kept in
- * `reported`.
- */
-export function jobContext(
-  kind: string,
-  job: Partial<Job> = {},
-): JobContext & { reported: Json[] } {
-  const reported: Json[] = [];
-  return {
-    job: {
-      id: 42,
-      kind,
-      queue: "default",
-      attempt: 1,
-      maxAttempts: 5,
-      concurrencyKey: null,
-      owner: null,
-      ...job,
-    },
-    signal: new AbortController().signal,
-    reportProgress: (progress) => {
-      reported.push(progress);
-      return Promise.resolve(true);
-    },
-    reported,
-  };
 }
 
 // -- drains ----------------------------------------------------------------------------------

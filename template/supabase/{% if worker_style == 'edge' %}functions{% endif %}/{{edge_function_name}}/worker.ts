@@ -12,6 +12,7 @@ import { type Clock, systemClock } from "./clock.ts";
 import { charged, type CpuBudget, unlimitedBudget } from "./cpu.ts";
 import { jobLog, type LogEvent, logJson } from "./log.ts";
 import type { ClaimedJob, DoneJob, WorkerQueue } from "./queue.ts";
+import { retryDelay } from "./job.ts";
 import { JobOwners } from "./owners.ts";
 import { Reporter } from "./report.ts";
 import { describe, type JobRunContext, runJob } from "./run_job.ts";
@@ -119,6 +120,7 @@ class QueueDrain implements Drain {
       jobLog: jobLines,
       callSignal: () => this.callSignal(),
       clock: this.clock,
+      retryDelay: (job, error) => retryDelay(options.handlers, job.kind, job.attempts, error),
     });
     this.context = {
       handlers: options.handlers,

@@ -1,17 +1,15 @@
 import assert from "node:assert/strict";
 import { PermanentError } from "../job.ts";
-import { jobContext } from "../testing.ts";
-import { sendEmail } from "./send_email.ts";
-
-const context = jobContext("send_email", { id: 1 });
+import { runJob } from "../testing.ts";
 
 Deno.test("a well-formed email is accepted", async () => {
-  await sendEmail({ to: "ada@example.com", subject: "Welcome", text: "Hello" }, context);
+  const ran = await runJob("send_email", { to: "ada@example.com", subject: "Welcome", text: "Hi" });
+  assert.equal(ran.result, null);
 });
 
 Deno.test("an invalid address fails the job for good, naming the field", async () => {
   await assert.rejects(
-    sendEmail({ to: "not an address", subject: "Welcome", text: "Hello" }, context),
+    runJob("send_email", { to: "not an address", subject: "Welcome", text: "Hello" }),
     (error: Error) => {
       assert.ok(error instanceof PermanentError);
       assert.match(error.message, /invalid payload for send_email/);

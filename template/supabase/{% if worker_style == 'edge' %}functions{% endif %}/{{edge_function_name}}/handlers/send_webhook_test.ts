@@ -1,9 +1,6 @@
 import assert from "node:assert/strict";
 import { PermanentError } from "../job.ts";
-import { jobContext } from "../testing.ts";
-import { sendWebhook } from "./send_webhook.ts";
-
-const context = jobContext("send_webhook");
+import { runJob } from "../testing.ts";
 
 interface Received {
   headers: Headers;
@@ -26,7 +23,9 @@ async function withReceiver(status: number, test: (url: string, got: Received[])
 
 Deno.test("the body is POSTed as JSON with a stable idempotency key", async () => {
   await withReceiver(204, async (url, got) => {
-    await sendWebhook({ url, body: { order: 7 }, headers: { "X-Signature": "abc" } }, context);
+    await runJob("send_webhook", { url, body: { order: 7 }, headers: { "X-Signature": "abc" } }, {
+      job: { id: 42 },
+    });
     assert.equal(got.length, 1);
     assert.deepEqual(got[0].body, { order: 7 });
     assert.equal(got[0].headers.get("content-type"), "application/json");
@@ -37,7 +36,7 @@ Deno.test("the body is POSTed as JSON with a stable idempotency key", async () =
 
 Deno.test("a 5xx is an error worth retrying", async () => {
   await withReceiver(503, async (url) => {
-    await assert.rejects(sendWebhook({ url }, context), (error: Error) => {
+    await assert.rejects(runJob("send_webhook", { url }), (error: Error) => {
       assert.ok(!(error instanceof PermanentError));
       assert.match(error.message, /answered 503/);
       return true;
@@ -47,17 +46,17 @@ Deno.test("a 5xx is an error worth retrying", async () => {
 
 Deno.test("a 4xx will not get better: a permanent error", async () => {
   await withReceiver(404, async (url) => {
-    await assert.rejects(sendWebhook({ url }, context), PermanentError);
+    await assert.rejects(runJob("send_webhook", { url }), PermanentError);
   });
   await withReceiver(429, async (url) => {
     await assert.rejects(
-      sendWebhook({ url }, context),
+      runJob("send_webhook", { url }),
       (error) => !(error instanceof PermanentError),
     );
   });
 });
 
 Deno.test("a payload without a valid URL is refused before any request", async () => {
-  await assert.rejects(sendWebhook({ url: "ftp://example.com" }, context), PermanentError);
-  await assert.rejects(sendWebhook({ body: {} }, context), /invalid payload for send_webhook/);
+  await assert.rejects(runJob("send_webhook", { url: "ftp://example.com" }), PermanentError);
+  await assert.rejects(runJob("send_webhook", { body: {} }), /invalid payload for send_webhook/);
 });
