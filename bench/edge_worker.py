@@ -17,7 +17,6 @@ system from /proc, every thread): what the runtime would count against the isola
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ import psycopg
 from .generated_worker import StandIn
 from .queue_sql import reset
 from .stack import SCHEMA, Stack
+from .wakeups import register_edge_handler
 
 Figures = dict[str, float]
 
@@ -47,29 +47,12 @@ UNLIMITED = {
 
 # The job kind that holds the thread for payload.cpuMs, added to the function's handlers/.
 CPU_HANDLER = Path(__file__).parent / "handlers" / "bench_cpu.ts"
-_HANDLERS_LINE = "export const handlers = {"
 
 
 def install(project: Path) -> str | None:
     """Add the CPU-holding handler to the rendered Edge Function (the no-op one comes from
     wakeups.install_edge()); None when it is ready, else what is wrong."""
-    from tests.edge.deno_worker import FUNCTION
-
-    handlers = project / "supabase" / "functions" / FUNCTION / "handlers"
-    registry = handlers / "mod.ts"
-    text = registry.read_text()
-    if "benchCpu" in text:
-        return None
-    if _HANDLERS_LINE not in text:
-        return f"{registry.relative_to(project)} has no line `{_HANDLERS_LINE}`"
-    shutil.copy(CPU_HANDLER, handlers / CPU_HANDLER.name)
-    registry.write_text(
-        text.replace(
-            _HANDLERS_LINE,
-            f'import {{ benchCpu }} from "./bench_cpu.ts";\n\n{_HANDLERS_LINE}\n  cpu: benchCpu,',
-        )
-    )
-    return None
+    return register_edge_handler(project, CPU_HANDLER, "benchCpu", "cpu")
 
 
 def cpu_s(pid: int) -> float:

@@ -73,6 +73,12 @@ def shapes(steady_50: int, steady_200: int, isolated: int, isolated_every: float
 def install_edge(project: Path) -> str | None:
     """Add the no-op handler to the rendered Edge Function; None when it is ready, else what
     is wrong. (Deno needs no install: its npm packages are fetched on the first run.)"""
+    return register_edge_handler(project, EDGE_HANDLER, "benchNoop", "noop")
+
+
+def register_edge_handler(project: Path, source: Path, export: str, kind: str) -> str | None:
+    """Copy `source` (a handler module exporting `export`) into the rendered Edge Function's
+    handlers/ and register it for `kind` in mod.ts; None when it is ready, else what is wrong."""
     from tests.edge.deno_worker import FUNCTION
 
     handlers = project / "supabase" / "functions" / FUNCTION / "handlers"
@@ -80,14 +86,16 @@ def install_edge(project: Path) -> str | None:
     if not registry.is_file():
         return f"the rendered project has no {registry.relative_to(project)}"
     text = registry.read_text()
+    if f"{kind}: {export}," in text:
+        return None
     if _HANDLERS_LINE not in text:
         return f"{registry.relative_to(project)} has no line `{_HANDLERS_LINE}`"
-    shutil.copy(EDGE_HANDLER, handlers / EDGE_HANDLER.name)
+    shutil.copy(source, handlers / source.name)
     registry.write_text(
         text.replace(
             _HANDLERS_LINE,
-            f'import {{ benchNoop }} from "./bench_noop.ts";\n\n{_HANDLERS_LINE}\n'
-            "  noop: benchNoop,",
+            f'import {{ {export} }} from "./{source.name}";\n\n{_HANDLERS_LINE}\n'
+            f"  {kind}: {export},",
         )
     )
     return None
