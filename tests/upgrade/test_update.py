@@ -47,12 +47,14 @@ from tests.support.releases import EMAIL, RELEASE_ANSWERS, fill_queue
 # The migrations a new project's queue starts from (each table, view and function once).
 BASELINE = baseline_migrations()
 # What a project created at 0.1.0 gets instead: one step per release since, from 0.1.0's queue
-# to 1.0.0's, from 1.0.0's to 1.1.0's, from 1.1.0's to 1.2.0's and from 1.2.0's to 1.3.0's.
+# to 1.0.0's, from 1.0.0's to 1.1.0's, from 1.1.0's to 1.2.0's, from 1.2.0's to 1.3.0's and
+# from 1.3.0's to 1.4.0's.
 STEPS = {
     "20261206000000_pgqueue_1_0_0_from_0_1_0.sql",
     "20261207000000_pgqueue_1_1_0_client_jobs.sql",
     "20261208000000_pgqueue_1_2_0_security.sql",
     "20261209000000_pgqueue_1_3_0_readable.sql",
+    "20261210000000_pgqueue_1_4_0_toolkit.sql",
 }
 MIGRATIONS = "template/supabase/migrations"
 
