@@ -72,14 +72,22 @@ def test_the_figures_are_printed_and_add_up(project: Path) -> None:
     assert found["longest_function_lines"] <= found["claim_path_lines"] < found["lines"]
 
 
+# Issue 48's budget was set for 1.3.0's baseline (4,450 lines): 4,500 lines all together. A
+# later release may add what its features need, each allowance named here (the budget bounds
+# growth, it does not forbid features), and no more.
+ADDED_LINES = {
+    "1.3.0": 4_500,
+}
+
+
 def test_the_queues_sql_keeps_issue_48s_budget(project: Path) -> None:
     """Issue 48's budget, for every worker style: each file at most 900 lines, all together
-    4,500; at most 3% of code lines in repeated 6-line runs; the claim path at most 700 lines;
-    no function over 100."""
+    4,500 plus what later releases add (ADDED_LINES); at most 3% of code lines in repeated
+    6-line runs; the claim path at most 700 lines; no function over 100."""
     found = figures(project)
     over = [f"{name}: {n} lines" for name, n in found["file_lines"].items() if n > 900]
     over += [f"{what}: {n} > {most}" for what, n, most in [
-        ("all files' lines", found["lines"], 4500),
+        ("all files' lines", found["lines"], sum(ADDED_LINES.values())),
         ("repeated share", found["repeated_share"], 0.03),
         ("claim path lines", found["claim_path_lines"], 700),
         (f"{found['longest_function']}()'s lines", found["longest_function_lines"], 100),
