@@ -21,6 +21,7 @@ import pytest
 from testkit.hosted import start_hosted_cluster
 from testkit.project import (
     RELEASES,
+    REPO,
     baseline_migrations,
     commit_everything,
     current_baseline,
@@ -40,6 +41,10 @@ STALE = "20261207000000_pgqueue_1_1_0.sql"
 REPAIR = "20261207000001_pgqueue_repair.sql"
 # what 1.1.0 added after that commit, which its workers call or the claim reads
 ADDED_AFTER = ("checkout(text)", "take_rows(text,text,integer,text[],integer)")
+# the step of a release after 1.3.0, as template/ names it: rendered for 1.3.0's projects
+STEP_FROM_1_3_0 = re.compile(
+    r"^\{% if queue_baseline in \[[^\]]*'1\.3\.0'[^\]]*\] %\}(?P<name>.+)\{% endif"
+)
 
 spec = importlib.util.spec_from_file_location(
     "unreleased_migrations",
@@ -240,7 +245,12 @@ def test_a_development_commit_with_the_releases_migrations_updates_without_a_wor
     commit_everything(project, "lease 600")
     done = copier("update", "--trust", "--defaults", "--vcs-ref", "HEAD", cwd=project)
     assert said(done) == []
-    assert sorted(p.name for p in (project / MIGRATIONS).iterdir()) == sorted([*migrations, config])
+    # and the steps of releases after 1.3.0 that HEAD has, as for any 1.3.0 project
+    later = [m["name"] for p in (REPO / "template" / MIGRATIONS).iterdir()
+             if (m := STEP_FROM_1_3_0.match(p.name))]  # fmt: skip
+    assert sorted(p.name for p in (project / MIGRATIONS).iterdir()) == sorted(
+        [*migrations, config, *later]
+    )
 
 
 def test_a_difference_that_cannot_be_repaired_in_place_refuses_the_update(
@@ -305,7 +315,7 @@ def refused_then_repaired(
     # steps 2 and 3: the project's own migration, marked
     marker = re.search(r"^ +(-- pgqueue-template repair: .*)$", refused.stderr, re.M)[1]
     digest = hashlib.sha256(text).hexdigest()
-    (project / MIGRATIONS / "20261210000000_drop_notes.sql").write_text(
+    (project / MIGRATIONS / "20261211000000_drop_notes.sql").write_text(
         re.sub(r"<sha256sum of [^>]+>", digest, marker) + "\ndrop table pgqueue.notes;\n"
     )
     commit_everything(project, "our repair")
