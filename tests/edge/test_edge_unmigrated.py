@@ -54,9 +54,8 @@ def test_a_wake_up_logs_that_the_migrations_are_not_applied(worker: EdgeWorker) 
     assert end["stoppedBy"] == "error"
     # the Data API's own words first, then what they mean for this project
     assert "pgqueue.complete_and_claim() failed through" in end["error"]
-    assert f"the queue's migrations are not all applied to this database: {MIGRATE}" in (
-        end["error"]
-    )
+    missing = "the queue's migrations are not all applied to this database"
+    assert f"{missing}: {MIGRATE}" in end["error"]
     errors = logged(worker, "queue.error")
     assert {e["call"] for e in errors} >= {"checkin"}, errors
     assert all(MIGRATE in e["error"] for e in errors), errors
