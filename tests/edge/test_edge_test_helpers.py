@@ -50,12 +50,13 @@ def failures(output: str) -> dict[str, str]:
 
 
 def test_the_helpers_fail_each_wrong_test_saying_why(
-    deno: Deno, function: Path, stack_env: dict, db: psycopg.Connection
+    deno: Deno, function: Path, stack_env: dict, flow: psycopg.Connection
 ) -> None:
+    db = flow  # (schedules removed after the test)
     shutil.copy(PLANTED, function / "db_tests" / "helpers_catch_test.ts")
     output = run_db_tests(deno, function, stack_env)
     # the project's own two db tests pass, and the planted one that is right
-    assert "FAILED | 3 passed | 5 failed" in output, output
+    assert "FAILED | 4 passed | 6 failed" in output, output
     failed = failures(output)
     assert set(failed) == {
         "wrong enqueue",
@@ -63,6 +64,7 @@ def test_the_helpers_fail_each_wrong_test_saying_why(
         "failing handler",
         "never finishing handler",
         "retry not due without the clock",
+        "a schedule never defined",
     }, output
     # assertEnqueued: what it looked for, and every job enqueued
     wrong = failed["wrong enqueue"]
@@ -85,6 +87,8 @@ def test_the_helpers_fail_each_wrong_test_saying_why(
     assert row.fetchone() == ("queued", 0)
     # a retry is not due until the queue's clock moves (the planted test that moves it passed)
     assert "the retry did not run" in failed["retry not due without the clock"]
+    # a schedule's slot fired now (the planted test that fires a defined one passed)
+    assert 'no schedule named "nightly-reprot"' in failed["a schedule never defined"]
 
 
 def test_the_db_tests_and_the_readmes_testing_examples_pass(

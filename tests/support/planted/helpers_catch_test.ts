@@ -1,4 +1,4 @@
-// Tests a user might write against the database, each wrong on purpose but one
+// Tests a user might write against the database, most of them wrong on purpose
 // (tests/edge/test_edge_test_helpers.py copies it into the function's db_tests/ and reads how
 // each fails): the helpers must fail them, saying why.
 import assert from "node:assert/strict";
@@ -78,4 +78,21 @@ Deno.test("retry due once the clock moved", async () => {
     outcome: "done",
     result: { attempt: 2 },
   });
+});
+
+Deno.test("a schedule fired now", async () => {
+  const queue = testQueueName();
+  const stack = testStack();
+  await stack.queue.schedule(queue, "0 3 * * *", "double", { n: 5 }, queue);
+  try {
+    const id = await queueClock(queue).fire(queue);
+    const [job] = await drainQueue(queue, { handlers });
+    assert.deepEqual([job.id, job.kind, job.outcome], [id, "double", "done"]);
+  } finally {
+    await stack.queue.unschedule(queue);
+  }
+});
+
+Deno.test("a schedule never defined", async () => {
+  await queueClock(testQueueName()).fire("nightly-reprot");
 });
