@@ -40,16 +40,24 @@ What it does as PostgREST does, per request:
 
 It logs in with the DSN it is given (the real one logs in as `authenticator`) through a small
 connection pool.
+
+Tests start it as `PostgRESTStandIn(dsn)`; by hand (to run a rendered project's worker, its
+Edge Function or its tests against it), `python -m testkit.postgrest --db-url URL --port N`
+serves it until interrupted and prints its URL and keys as `supabase status -o env` names them
+(docs/testing.md, "Starting the PostgREST stand-in by hand").
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import collections
 import contextlib
 import json
 import re
+import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -508,7 +516,8 @@ class PostgRESTStandIn:
         yield
         await self._pool.close()
 
-    def start(self) -> PostgRESTStandIn:
+    def start(self, port: int = 0) -> PostgRESTStandIn:
+        """Serve on 127.0.0.1:`port` (0: any free port; `url` says which)."""
         if self._thread is not None:
             return self
         # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted sockets only when the
@@ -516,7 +525,7 @@ class PostgRESTStandIn:
         # delayed ACK) between uvicorn's separate header and body writes.
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
+        sock.bind(("127.0.0.1", port))
         port = sock.getsockname()[1]
         config = uvicorn.Config(
             self.app, log_level="warning", access_log=False, lifespan="on", timeout_keep_alive=30
@@ -685,3 +694,71 @@ class PostgRESTStandIn:
             return Response(body, 200, media_type=_JSON)
 
         return await self._run(auth, work)
+
+
+# --- by hand ------------------------------------------------------------------------------
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m testkit.postgrest",
+        description="Serve the PostgREST stand-in (Supabase's /rest/v1) over a PostgreSQL "
+        "database on 127.0.0.1 until interrupted, printing its URL and keys as "
+        "`supabase status -o env` names them.",
+    )
+    parser.add_argument(
+        "--db-url",
+        required=True,
+        help="the database, logged in as PostgREST's login role, e.g. "
+        "postgresql://authenticator@127.0.0.1:5432/postgres",
+    )
+    parser.add_argument(
+        "--port", type=int, default=3000, help="the port to serve on (default 3000; 0: any)"
+    )
+    parser.add_argument(
+        "--schema",
+        action="append",
+        help="a schema to expose, the first one the default (repeat it; default: public, pgqueue)",
+    )
+    parser.add_argument(
+        "--jwt-secret",
+        default=JWT_SECRET,
+        help="the HS256 secret of the JWTs (Supabase's local one)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m testkit.postgrest`: see _arguments(); 1 when it cannot start."""
+    args = _arguments(argv)
+    try:
+        psycopg.connect(args.db_url, connect_timeout=10).close()
+    except psycopg.Error as exc:
+        reason = " ".join(str(exc).split())  # one line
+        print(f"error: cannot connect to {args.db_url}: {reason}", file=sys.stderr)
+        return 1
+    api = PostgRESTStandIn(
+        args.db_url, jwt_secret=args.jwt_secret, schemas=tuple(args.schema or ("public", "pgqueue"))
+    )
+    try:
+        api.start(port=args.port)
+    except OSError as exc:
+        print(f"error: cannot serve on 127.0.0.1:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    print(f"PostgREST stand-in on {api.url}/rest/v1 until interrupted", file=sys.stderr)
+    print(f'API_URL="{api.url}"')
+    print(f'ANON_KEY="{make_jwt(ANON_ROLE, args.jwt_secret)}"')
+    print(f'SERVICE_ROLE_KEY="{make_jwt("service_role", args.jwt_secret)}"', flush=True)
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        api.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -138,6 +138,12 @@ def start_edge_worker(
         stderr=subprocess.STDOUT,
         text=True,
     )
+    return listening_worker(process, key)
+
+
+def listening_worker(process: subprocess.Popen, key: str) -> EdgeWorker:
+    """The function started as `process` (its output piped, stderr into stdout), once it
+    listens; its output is read as it comes. `key` is its service key."""
     worker = EdgeWorker(process, url="", key=key, wake_secret=EDGE_WAKE_SECRET)
     listening: queue.Queue[str] = queue.Queue()
 

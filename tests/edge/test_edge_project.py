@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 import shutil
 import tomllib
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from testkit.project import choices, render, rendered_files
+from testkit.project import RELEASES, choices, current_baseline, render, rendered_files
 from tests.support.workflow import job_steps, run_step, runner_env
 
 from .deno_worker import FUNCTION, Deno
@@ -53,6 +54,10 @@ def test_edge_function_layout(function_dir: Path) -> None:
         "testing_run.ts",
         "testing_enqueue.ts",
         "testing_test.ts",
+        # and those against a database, with the tests that use them there
+        "testing_drain.ts",
+        "testing_clock.ts",
+        "db_tests/handlers_test.ts",
     } <= files
     # One module per job kind, each with its tests, and all of them in the handler map.
     handler_map = (function_dir / "handlers" / "mod.ts").read_text()
@@ -89,6 +94,22 @@ def test_edge_function_imports_only_pinned_npm_packages(function_dir: Path) -> N
         for specifier in imported:
             local = specifier.startswith(("./", "../", "node:"))
             assert local or specifier in config["imports"], f"{source} imports {specifier}"
+    # The Postgres driver is for the tests against a database (queueClock) alone: nothing the
+    # function runs, from index.ts on, imports it, so it is never deployed.
+    assert "postgres" in specifiers["testing_clock.ts"]
+    deployed, reached = {"index.ts"}, ["index.ts"]
+    while reached:
+        importer = reached.pop()
+        for specifier in specifiers[importer]:
+            assert specifier != "postgres", f"{importer}, which the function runs, imports it"
+            if specifier.startswith(("./", "../")):
+                folder = posixpath.dirname(importer)
+                module = posixpath.normpath(posixpath.join(folder, specifier))
+                if module not in deployed:
+                    deployed.add(module)
+                    reached.append(module)
+    assert {"worker.ts", "data_api.ts", "handlers/send_email.ts"} <= deployed
+    assert not {m for m in deployed if m.startswith("testing")}, deployed
 
 
 @pytest.mark.quick
@@ -142,3 +163,18 @@ def test_answers_reach_the_function(template: Path, tmp_path: Path, deno: Deno) 
     assert "const DEFAULT_LEASE_SECONDS = 60;" in settings
     deno.run("fmt", "--check", cwd=function_dir)
     deno.run("lint", cwd=function_dir)
+
+
+@pytest.mark.parametrize("baseline", sorted({*RELEASES, current_baseline()}))
+def test_the_functions_readme_names_only_migrations_the_project_has(
+    template: Path, tmp_path: Path, baseline: str
+) -> None:
+    """Every migration file name or glob the function's README names matches a file of the
+    project, whichever release it was created at: never a release's file that goes stale."""
+    project = render(template, tmp_path / "app", worker_style="edge", queue_baseline=baseline)
+    readme = (project / "supabase" / "functions" / FUNCTION / "README.md").read_text()
+    named = set(re.findall(r"`([^`\s]*\.sql)`", readme))
+    assert named, "the function's README points at no migration"
+    for name in named:
+        pattern = name if name.startswith("supabase/") else f"supabase/migrations/{name}"
+        assert list(project.glob(pattern)), f"the README names {name}: no such file in {baseline}"

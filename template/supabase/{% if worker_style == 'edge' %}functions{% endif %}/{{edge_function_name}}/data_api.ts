@@ -144,10 +144,34 @@ export function dataApi(connection: QueueConnection): DataApi {
 
 type ApiError = { message: string; code?: string; hint?: string };
 
+/** How the migrations are applied, for the errors that ask for it. */
+const MIGRATE = "supabase db push, or supabase migration up locally";
+// No such function (PGRST202), table or view (PGRST205; 42P01, 42883 from the database): the
+// queue's migrations are not all applied, or the Data API's schema cache is older than they are.
+const MISSING = new Set(["PGRST202", "PGRST205", "42P01", "42883"]);
+// The schema is not exposed through the Data API (PGRST106), or not there at all (3F000).
+const NOT_SERVED = new Set(["PGRST106", "3F000"]);
+
+/** What to do about an error that says the queue is not (all) in the database; or "". */
+function migrationAdvice(schema: string, code = ""): string {
+  if (MISSING.has(code)) {
+    return ": the queue's migrations are not all applied to this database: apply them " +
+      `(${MIGRATE}); if they are, reload the Data API's schema cache ` +
+      "(notify pgrst, 'reload schema')";
+  }
+  if (NOT_SERVED.has(code)) {
+    return `: the Data API does not serve the queue schema ${schema}: apply the migrations ` +
+      `first (${MIGRATE}), and expose the schema: [api] schemas in supabase/config.toml ` +
+      "(local), Settings > API > Exposed schemas (hosted)";
+  }
+  return "";
+}
+
 /** `name` is the function, e.g. "enqueue()", or the view read. */
 function failed(connection: QueueConnection, name: string, error: ApiError): QueueError {
   return new QueueError(
     `${connection.schema}.${name} failed through ${connection.supabaseUrl}: ${error.message}` +
+      migrationAdvice(connection.schema, error.code) +
       (error.hint ? ` (hint: ${error.hint})` : ""),
     name,
     error.code ?? "",

@@ -1,9 +1,11 @@
 // Test helpers (used by the *_test.ts files only). For your handlers' tests: runJob() and
 // jobContext() (testing_run.ts), withFakeDataApi() with assertEnqueued() (testing_enqueue.ts),
-// shown in README.md. For the machinery's tests: an in-memory queue that follows the SQL
-// functions' rules for claims, leases, lock tokens, attempts, results and progress, a Data API
-// that records what it is sent (withApi), and the handlers, options and waits the drain's tests
-// share; with the clock that tests move and the CPU meter handlers spend on (fakes.ts).
+// and against a database drainQueue() (testing_drain.ts; queueClock() is imported from
+// testing_clock.ts), shown in README.md. For the machinery's tests: an in-memory queue that
+// follows the SQL functions' rules for claims, leases, lock tokens, attempts, results and
+// progress, a Data API that records what it is sent (withApi), and the handlers, options and
+// waits the drain's tests share; with the clock that tests move and the CPU meter handlers
+// spend on (fakes.ts).
 import assert from "node:assert/strict";
 import { z } from "zod";
 import { defineHandler, type HandlerMap, PermanentError } from "./job.ts";
@@ -25,6 +27,8 @@ export { FakeClock, FakeCpuMeter } from "./fakes.ts";
 // For your own tests: a handler run with a made-up job, and what a test enqueued.
 export * from "./testing_run.ts";
 export * from "./testing_enqueue.ts";
+// For your tests against a database (db_tests/): a queue drained through the handlers.
+export * from "./testing_drain.ts";
 
 export interface StoredJob extends ClaimedJob {
   status: "queued" | "running" | "done" | "failed";
