@@ -18,6 +18,7 @@ from testkit.cluster import Cluster
 from tests.sql.test_hot_path import complete_and_claim
 from tests.sql.test_queue import enqueue_n
 from tests.support.jobs import job_by_id
+from tests.support.plans import plans_logged
 
 
 def ids_of(claimed: list[dict]) -> list[int]:
@@ -156,6 +157,29 @@ def test_strict_order_is_set_and_removed_with_the_keys_limit(flow: psycopg.Conne
     db.execute("select pgqueue.set_concurrency_limit('k', 1, strict => true)")
     db.execute("select pgqueue.set_concurrency_limit('k', null)")
     assert setting() == []
+
+
+def test_a_claim_finds_a_strict_keys_first_job_with_one_index_probe(
+    flow: psycopg.Connection,
+) -> None:
+    """However many jobs the key holds, and though its first job, retried, now sorts after
+    them in claim order: the claim reads it through jobs_key_order_idx and by its ctid,
+    scanning nothing."""
+    db = flow
+    db.execute("select pgqueue.set_concurrency_limit('ordered', 1, strict => true)")
+    first, *_ = enqueue_n(db, 5_000, concurrency_key="ordered")
+    enqueue_n(db, 5_000, concurrency_key="other")
+    (running,) = [j for j in complete_and_claim(db, max_jobs=10) if j["id"] == first]
+    fail(db, running, retry_in="1 hour")
+    come_due(db, first)
+    db.execute("analyze pgqueue.jobs")
+    with plans_logged(db) as plans:
+        claimed = complete_and_claim(db, max_jobs=10)
+    assert first in ids_of(claimed)
+    nested = "\n".join(p for p in plans if "pgqueue.jobs" in p)
+    assert "Seq Scan" not in nested, nested
+    assert "Index Scan using jobs_key_order_idx" in nested, nested
+    assert "Tid Scan" in nested, nested
 
 
 @pytest.mark.parametrize("max_running", ["2", "null"])
