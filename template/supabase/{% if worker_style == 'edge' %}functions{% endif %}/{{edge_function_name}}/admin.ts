@@ -234,12 +234,19 @@ function flowControlCalls(api: DataApi) {
   return {
     /**
      * At most `maxRunning` (1 to 100,000) jobs of `concurrencyKey` run at once, across all
-     * workers; null removes the key's own limit. Returns the limit now in force (null: none).
+     * workers; null removes the key's own limit. `strict` (with maxRunning 1): the key's jobs
+     * run in enqueue order even across retries, a failed job holding the later ones until it
+     * succeeds, is dead-lettered or is cancelled. Returns the limit now in force (null: none).
      */
-    setConcurrencyLimit: async (concurrencyKey: string, maxRunning: number | null) =>
+    setConcurrencyLimit: async (
+      concurrencyKey: string,
+      maxRunning: number | null,
+      { strict = false }: { strict?: boolean } = {},
+    ) =>
       await api.call("set_concurrency_limit", {
         concurrency_key: checkedKey(concurrencyKey),
         max_running: maxRunning,
+        ...(strict ? { strict } : {}),
       }, countOrNull),
     /** Stops claiming `queue`'s jobs; running ones finish. True if it was running. */
     pause: (queue: string) => api.call("pause", { queue }, boolean),

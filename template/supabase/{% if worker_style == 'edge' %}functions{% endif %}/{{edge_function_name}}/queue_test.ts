@@ -78,6 +78,7 @@ Deno.test("each flow-control call sends its SQL function's named arguments", asy
   await withApi(answerOfItsShape, async (queue, got) => {
     await queue.setConcurrencyLimit("tenant-42", 2);
     await queue.setConcurrencyLimit("tenant-42", null);
+    await queue.setConcurrencyLimit("ledger-7", 1, { strict: true });
     await queue.pause("emails");
     await queue.resume("emails");
     await queue.setRateLimit("webhooks", 50, 100);
@@ -93,6 +94,7 @@ Deno.test("each flow-control call sends its SQL function's named arguments", asy
     assert.deepEqual(got.map(({ path, body }) => [path, body]), [
       ["rpc/set_concurrency_limit", { concurrency_key: "tenant-42", max_running: 2 }],
       ["rpc/set_concurrency_limit", { concurrency_key: "tenant-42", max_running: null }],
+      ["rpc/set_concurrency_limit", { concurrency_key: "ledger-7", max_running: 1, strict: true }],
       ["rpc/pause", { queue: "emails" }],
       ["rpc/resume", { queue: "emails" }],
       ["rpc/set_rate_limit", { queue: "webhooks", per_second: 50, burst: 100 }],

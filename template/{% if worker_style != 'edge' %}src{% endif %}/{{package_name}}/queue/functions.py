@@ -180,13 +180,18 @@ class QueueFunctions(ABC):
         return bool(await self.call("checkout", {"worker": worker}))
 
     async def set_concurrency_limit(
-        self, concurrency_key: str, max_running: int | None
+        self, concurrency_key: str, max_running: int | None, *, strict: bool = False
     ) -> int | None:
         """Let at most `max_running` jobs of a concurrency key run at once, across all workers;
-        None removes the key's own limit. Returns the limit now in force (None: no limit; a
-        key without its own has the configured default_concurrency_limit)."""
+        None removes the key's own limit. `strict` (with max_running 1): the key's jobs run in
+        enqueue order even across retries, a failed job holding the later ones until it
+        succeeds, is dead-lettered or is cancelled. Returns the limit now in force (None: no
+        limit; a key without its own has the configured default_concurrency_limit)."""
         limit = await self._value(
-            "set_concurrency_limit", concurrency_key=concurrency_key, max_running=max_running
+            "set_concurrency_limit",
+            concurrency_key=concurrency_key,
+            max_running=max_running,
+            strict=strict,
         )
         return None if limit is None else int(limit)
 
