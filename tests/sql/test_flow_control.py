@@ -253,13 +253,16 @@ def test_a_schedule_in_seconds_goes_to_pg_cron_and_one_of_its_own_moves_when_red
     (this machine's) refuses; a schedule with a job of its own (in seconds, or one 1.3.0
     defined) moves to the per-minute job when redefined with five fields."""
     db = flow
-    (version,) = db.execute("select extversion from pg_extension where extname = 'pg_cron'").fetchone()
+    (version,) = db.execute(
+        "select extversion from pg_extension where extname = 'pg_cron'"
+    ).fetchone()
     assert version.startswith("1.4")
     with pytest.raises(psycopg.Error, match="invalid schedule: 30 seconds"):
         db.execute("select pgqueue.schedule('pulse', '30 seconds', 'pulse')")
     assert db.execute("select count(*) from pgqueue.schedules_defined").fetchone() == (0,)
     db.execute(
-        "insert into pgqueue.schedules_defined (name, cron, kind) values ('pulse', '* * * * *', 'p');"
+        "insert into pgqueue.schedules_defined (name, cron, kind)"
+        " values ('pulse', '* * * * *', 'p');"
         "set role postgres;"  # as schedule() made it, in 1.3.0
         "select cron.schedule('pgqueue-schedule-pulse', '* * * * *',"
         " 'select pgqueue.enqueue_scheduled(''pulse'')');"

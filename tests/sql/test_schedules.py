@@ -74,7 +74,9 @@ def test_a_schedule_in_paris_fires_at_local_times_across_the_spring_change(
     define(db, "morning", "0 9 * * *", since="2027-03-26 23:59")
     define(db, "hourly", "0 * * * *", since="2027-03-26 23:59")
     fired = run_minutes(db, "2027-03-27 00:00", "2027-03-29 09:00")
-    assert fired["night"] == [at("2027-03-27 01:30"), at("2027-03-28 01:00"), at("2027-03-29 00:30")]
+    assert fired["night"] == [
+        at("2027-03-27 01:30"), at("2027-03-28 01:00"), at("2027-03-29 00:30")
+    ]  # fmt: skip
     assert fired["morning"] == [
         at("2027-03-27 08:00"), at("2027-03-28 07:00"), at("2027-03-29 07:00")
     ]  # fmt: skip
@@ -94,7 +96,9 @@ def test_a_schedule_in_paris_fires_at_local_times_across_the_autumn_change(
     define(db, "morning", "0 9 * * *", since="2027-10-29 23:59")
     define(db, "hourly", "0 * * * *", since="2027-10-29 23:59")
     fired = run_minutes(db, "2027-10-30 00:00", "2027-11-01 09:00")
-    assert fired["night"] == [at("2027-10-30 00:30"), at("2027-10-31 00:30"), at("2027-11-01 01:30")]
+    assert fired["night"] == [
+        at("2027-10-30 00:30"), at("2027-10-31 00:30"), at("2027-11-01 01:30")
+    ]  # fmt: skip
     assert fired["morning"] == [
         at("2027-10-30 07:00"), at("2027-10-31 08:00"), at("2027-11-01 08:00")
     ]  # fmt: skip
