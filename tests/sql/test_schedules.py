@@ -241,3 +241,22 @@ def test_the_schedules_view_shows_the_zone_catch_up_and_next_runs(
         (datetime(2027, 3, 28, 2, 30), at("2027-03-28 01:00")),  # at the gap's end, 03:00 CEST
         (datetime(2027, 3, 29, 2, 30), at("2027-03-29 00:30")),
     ]
+
+
+def test_a_schedule_that_fails_stops_no_other(flow: psycopg.Connection) -> None:
+    """One pg_cron job runs every schedule: one that cannot enqueue (here its time zone gone
+    from the database's tzdata) is skipped with a warning, and the others still fire."""
+    db = flow
+    define(db, "broken", "0 9 * * *", since="2027-06-01 06:59")
+    define(db, "fine", "0 9 * * *", since="2027-06-01 06:59")
+    db.execute(
+        "update pgqueue.schedules_defined set time_zone = 'Nowhere/Gone' where name = 'broken'"
+    )
+    warnings: list[str] = []
+    db.add_notice_handler(lambda notice: warnings.append(notice.message_primary))
+    assert run_minutes(db, "2027-06-01 07:00", "2027-06-01 07:00") == {
+        "fine": [at("2027-06-01 07:00")]
+    }
+    assert warnings == [
+        'pgqueue: schedule broken enqueued nothing: time zone "Nowhere/Gone" not recognized'
+    ]
