@@ -147,7 +147,7 @@ def test_catch_up_runs_one_missed_slot_after_an_outage_and_without_it_none_run(
         ("0 9 * * *", "Mars/Olympus_Mons", "unknown time zone 'Mars/Olympus_Mons'"),
         ("0 9 * * *", "", "unknown time zone ''"),
         ("every day", "UTC", "a cron expression has five fields"),
-        ("@daily", "UTC", "a cron expression has five fields"),
+        ("@reboot", "UTC", "a cron expression has five fields"),
         ("0 9 * * * 2027", "UTC", "a cron expression has five fields"),
         ("61 * * * *", "UTC", "the minute field of cron expression '61 \\* \\* \\* \\*' cannot"),
         ("0 24 * * *", "UTC", "the hour field .* at '24'"),
@@ -192,6 +192,11 @@ def test_a_bad_time_zone_or_cron_expression_is_refused_saying_what_is_wrong(
         # a day of the month starting with *: both fields apply (the week's is any day)
         ("15 10 */10 * *", "2027-01-25 00:00",
          ["2027-01-31 10:15", "2027-02-01 10:15", "2027-02-11 10:15", "2027-02-21 10:15"]),
+        # pg_cron's shorthands (2027-01-03 is a Sunday)
+        ("@weekly", "2027-01-01 00:00",
+         ["2027-01-03 00:00", "2027-01-10 00:00", "2027-01-17 00:00", "2027-01-24 00:00"]),
+        ("@HOURLY", "2027-01-01 00:00",
+         ["2027-01-01 01:00", "2027-01-01 02:00", "2027-01-01 03:00", "2027-01-01 04:00"]),
         # the search looks through 1500 days: the next 29 February, not the one after
         ("0 0 29 feb *", "2027-01-01 00:00", ["2028-02-29 00:00"]),
     ],

@@ -1,6 +1,7 @@
 """What 1.4.0's step does to a 1.3.0 project's recurring jobs: each five-field schedule, run
 until then by a pg_cron job of its own, moves to the per-minute job (`pgqueue-schedules`) and
-keeps firing in UTC, on the same slots, with the same idempotency keys."""
+keeps firing in UTC, on the same slots, with the same idempotency keys; one the queue cannot
+read (pg_cron 1.4 takes `1#2`, the second Monday) keeps its own pg_cron job."""
 
 from __future__ import annotations
 
@@ -22,10 +23,12 @@ def test_a_project_updated_from_1_3_0_keeps_its_schedules_firing_in_utc(
         with cluster.connect(autocommit=True) as db:
             db.execute("select pgqueue.schedule('nightly', '0 3 * * *', 'report', '{\"n\": 1}')")
             db.execute("select pgqueue.schedule('often', '*/5 * * * *', 'ping', queue => 'pings')")
+            db.execute("select pgqueue.schedule('daily', '@daily', 'ping')")
+            db.execute("select pgqueue.schedule('second-monday', '0 0 * * 1#2', 'ping')")
             before = db.execute(
                 "select jobname from cron.job where jobname like 'pgqueue-schedule%' order by 1"
             ).fetchall()
-            assert before == [("pgqueue-schedule-nightly",), ("pgqueue-schedule-often",)]
+            assert len(before) == 4
         update(project, "HEAD")
         supabase(project, "migration", "up", "--db-url", cluster.url())
         with cluster.connect(autocommit=True) as db:
@@ -33,13 +36,19 @@ def test_a_project_updated_from_1_3_0_keeps_its_schedules_firing_in_utc(
                 "select name, cron, kind, payload, queue, time_zone, catch_up, active"
                 " from pgqueue.schedules order by name"
             ).fetchall() == [
+                ("daily", "@daily", "ping", {}, "default", "UTC", False, True),
                 ("nightly", "0 3 * * *", "report", {"n": 1}, "default", "UTC", False, True),
                 ("often", "*/5 * * * *", "ping", {}, "pings", "UTC", False, True),
+                ("second-monday", "0 0 * * 1#2", "ping", {}, "default", "UTC", False, True),
             ]
             assert db.execute(
                 "select jobname, schedule, command from cron.job"
-                " where jobname like 'pgqueue-schedule%'"
-            ).fetchall() == [("pgqueue-schedules", "* * * * *", "select pgqueue._run_schedules()")]
+                " where jobname like 'pgqueue-schedule%' order by 1"
+            ).fetchall() == [
+                ("pgqueue-schedule-second-monday", "0 0 * * 1#2",
+                 "select pgqueue.enqueue_scheduled('second-monday')"),
+                ("pgqueue-schedules", "* * * * *", "select pgqueue._run_schedules()"),
+            ]  # fmt: skip
             # the next 03:00 UTC: both fire, keyed as 1.3.0 keyed them
             (three,) = db.execute(
                 "select date_trunc('day', now() at time zone 'UTC') at time zone 'UTC'"
