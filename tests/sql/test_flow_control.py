@@ -216,13 +216,16 @@ def test_concurrent_claims_never_exceed_the_rate(flow: psycopg.Connection, stack
 
 
 def test_a_schedule_enqueues_one_job_per_slot(flow: psycopg.Connection) -> None:
+    """A five-field schedule runs from the per-minute pg_cron job (test_schedules.py moves its
+    clock); enqueue_scheduled(name) enqueues the current slot's job, once."""
     db = flow
     (cron_id,) = db.execute(
         "select pgqueue.schedule('nightly-report', '0 3 * * *', 'report.nightly',"
         ' \'{"to": "ops"}\')'
     ).fetchone()
-    (command,) = db.execute("select command from cron.job where jobid = %s", (cron_id,)).fetchone()
-    assert command == "select pgqueue.enqueue_scheduled('nightly-report')"
+    assert db.execute(
+        "select jobname, schedule, command from cron.job where jobid = %s", (cron_id,)
+    ).fetchone() == ("pgqueue-schedules", "* * * * *", "select pgqueue._run_schedules()")
     first = db.execute("select pgqueue.enqueue_scheduled('nightly-report')").fetchone()[0]
     again = db.execute("select pgqueue.enqueue_scheduled('nightly-report')").fetchone()[0]
     assert first == again, "a repeated run of the same slot adds nothing"
@@ -232,21 +235,51 @@ def test_a_schedule_enqueues_one_job_per_slot(flow: psycopg.Connection) -> None:
     listed = db.execute("select name, cron, kind, active from pgqueue.schedules").fetchall()
     assert listed == [("nightly-report", "0 3 * * *", "report.nightly", True)]
     db.execute("select pgqueue.schedule('nightly-report', '0 4 * * *', 'report.nightly')")
-    assert db.execute(
-        "select schedule from cron.job where jobname = 'pgqueue-schedule-nightly-report'"
-    ).fetchall() == [("0 4 * * *",)], "scheduling a name again changes it"
+    assert db.execute("select cron from pgqueue.schedules").fetchall() == [("0 4 * * *",)], (
+        "scheduling a name again changes it"
+    )
     assert db.execute("select pgqueue.unschedule('nightly-report')").fetchone() == (True,)
     assert db.execute("select pgqueue.unschedule('nightly-report')").fetchone() == (False,)
     assert db.execute(
-        "select count(*) from cron.job where jobname like 'pgqueue-schedule-%'"
-    ).fetchone() == (0,)
+        "select count(*) from cron.job where jobname like 'pgqueue-schedule%'"
+    ).fetchone() == (0,), "the per-minute job goes with the last schedule"
     assert job(db, first)["status"] == "queued", "its queued job stays"
 
 
-def test_a_bad_schedule_is_refused_with_pg_crons_reason(flow: psycopg.Connection) -> None:
+def test_a_schedule_in_seconds_goes_to_pg_cron_and_one_of_its_own_moves_when_redefined(
+    flow: psycopg.Connection,
+) -> None:
+    """'[1-59] seconds' schedules keep a pg_cron job of their own, which pg_cron before 1.5
+    (this machine's) refuses; a schedule with a job of its own (in seconds, or one 1.3.0
+    defined) moves to the per-minute job when redefined with five fields."""
+    db = flow
+    (version,) = db.execute(
+        "select extversion from pg_extension where extname = 'pg_cron'"
+    ).fetchone()
+    assert version.startswith("1.4")
+    with pytest.raises(psycopg.Error, match="invalid schedule: 30 seconds"):
+        db.execute("select pgqueue.schedule('pulse', '30 seconds', 'pulse')")
+    assert db.execute("select count(*) from pgqueue.schedules_defined").fetchone() == (0,)
+    db.execute(
+        "insert into pgqueue.schedules_defined (name, cron, kind)"
+        " values ('pulse', '* * * * *', 'p');"
+        "set role postgres;"  # as schedule() made it, in 1.3.0
+        "select cron.schedule('pgqueue-schedule-pulse', '* * * * *',"
+        " 'select pgqueue.enqueue_scheduled(''pulse'')');"
+        "reset role"
+    )
+    (job_id,) = db.execute("select pgqueue.enqueue_scheduled('pulse')").fetchone()
+    assert job(db, job_id)["idempotency_key"].endswith(":00Z"), "the second, as in 1.3.0"
+    db.execute("select pgqueue.schedule('pulse', '*/2 * * * *', 'pulse')")
+    assert db.execute(
+        "select jobname from cron.job where jobname like 'pgqueue-schedule%'"
+    ).fetchall() == [("pgqueue-schedules",)]
+
+
+def test_a_bad_schedule_is_refused_with_its_reason(flow: psycopg.Connection) -> None:
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="a schedule name is"):
         flow.execute("select pgqueue.schedule('no spaces', '* * * * *', 'k')")
-    with pytest.raises(psycopg.Error, match="invalid schedule"):
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="has five fields"):
         flow.execute("select pgqueue.schedule('bad', 'every day', 'k')")
     assert flow.execute("select count(*) from pgqueue.schedules").fetchone() == (0,)
 

@@ -302,9 +302,18 @@ def test_cli_flow_control_commands(
 
     # recurring jobs
     email = json.dumps({"to": "ada@example.com", "subject": "Report", "text": "Attached"})
+    paris = ["--time-zone", "Europe/Paris", "--catch-up"]
     scheduled = ok("schedule", "e2e-nightly", "0 3 * * *", "send_email", email, "--queue", "mail")
     assert scheduled.startswith(
-        "schedule 'e2e-nightly': a 'send_email' job in queue 'mail' on '0 3 * * *' (pg_cron job "
+        "schedule 'e2e-nightly': a 'send_email' job in queue 'mail' on '0 3 * * *' in UTC "
+        "(pg_cron job "
+    )
+    scheduled = ok(
+        "schedule", "e2e-nightly", "0 3 * * *", "send_email", email, "--queue", "mail", *paris
+    )
+    assert scheduled.startswith(
+        "schedule 'e2e-nightly': a 'send_email' job in queue 'mail' on '0 3 * * *' in "
+        "Europe/Paris, catching up a missed slot (pg_cron job "
     )
     [listed] = rows(ok("schedules"))
     assert (listed["name"], listed["cron"], listed["kind"], listed["queue"]) == (
@@ -314,8 +323,16 @@ def test_cli_flow_control_commands(
         "mail",
     )
     assert (listed["payload"], listed["active"]) == (json.loads(email), True)
+    assert (listed["time_zone"], listed["catch_up"], listed["last_slot"]) == (
+        "Europe/Paris",
+        True,
+        None,
+    )
+    assert [run[11:] for run in listed["next_runs_local"]] == ["03:00:00"] * 3
     nightly = ["0 3 * * *", "send_email"]
-    refused(2, "invalid schedule: every night", "schedule", "bad", "every night", "x", email)
+    refused(2, "a cron expression has five fields", "schedule", "bad", "every night", "x", email)
+    mars = ["--time-zone", "Mars/Base"]
+    refused(2, "unknown time zone 'Mars/Base'", "schedule", "bad", *nightly, email, *mars)
     bad_email = '{"to": "nobody"}'
     invalid = "invalid payload for 'send_email': to: String should match pattern"
     refused(2, invalid, "schedule", "bad", *nightly, bad_email)

@@ -124,7 +124,10 @@ export interface HealthCheck {
   detail: string;
 }
 
-/** A row of the `schedules` view: a recurring job and its pg_cron state. */
+/**
+ * A row of the `schedules` view: a recurring job, the pg_cron job that runs it, and its next 3
+ * runs (instants, and the local times they stand for).
+ */
 export interface Schedule {
   name: string;
   cron: string;
@@ -135,6 +138,11 @@ export interface Schedule {
   last_run_at: string | null;
   last_run_status: string | null;
   created_at: string;
+  time_zone: string;
+  catch_up: boolean;
+  last_slot: string | null;
+  next_runs: string[] | null;
+  next_runs_local: string[] | null;
 }
 
 const MAX_CONCURRENCY_KEY_LENGTH = 200;
@@ -262,9 +270,28 @@ function flowControlCalls(api: DataApi) {
         per_second: perSecond,
         ...(burst === undefined ? {} : { burst }),
       }, nothing),
-    /** Enqueues a `kind` job on `cron` (pg_cron), one per time slot; pg_cron's job id. */
-    schedule: (name: string, cron: string, kind: string, payload: Json = {}, queue = "default") =>
-      api.call("schedule", { name, cron, kind, payload, queue }, jobId),
+    /**
+     * Enqueues a `kind` job on `cron` (five fields, read in `timeZone`, an IANA name: UTC by
+     * default), one per time slot; with `catchUp`, a slot missed while nothing ran runs once on
+     * return. The id of the pg_cron job that runs it.
+     */
+    schedule: (
+      name: string,
+      cron: string,
+      kind: string,
+      payload: Json = {},
+      queue = "default",
+      { timeZone, catchUp }: { timeZone?: string; catchUp?: boolean } = {},
+    ) =>
+      api.call("schedule", {
+        name,
+        cron,
+        kind,
+        payload,
+        queue,
+        ...(timeZone === undefined ? {} : { time_zone: timeZone }),
+        ...(catchUp === undefined ? {} : { catch_up: catchUp }),
+      }, jobId),
     /** Stops a recurring job (its queued jobs stay); false when there was none. */
     unschedule: (name: string) => api.call("unschedule", { name }, boolean),
     /** Changes the settings in `changes` (none: only reads); the whole configuration. */

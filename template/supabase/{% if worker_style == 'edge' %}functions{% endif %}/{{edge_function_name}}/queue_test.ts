@@ -84,6 +84,10 @@ Deno.test("each flow-control call sends its SQL function's named arguments", asy
     await queue.setRateLimit("webhooks", 50, 100);
     await queue.setRateLimit("webhooks", null);
     await queue.schedule("nightly", "0 3 * * *", "report.nightly");
+    await queue.schedule("digest", "0 9 * * *", "digest", {}, "default", {
+      timeZone: "Europe/Paris",
+      catchUp: true,
+    });
     await queue.unschedule("nightly");
     await queue.configure({ max_result_bytes: 1024 });
     await queue.throughput();
@@ -105,6 +109,15 @@ Deno.test("each flow-control call sends its SQL function's named arguments", asy
         kind: "report.nightly",
         payload: {},
         queue: "default",
+      }],
+      ["rpc/schedule", {
+        name: "digest",
+        cron: "0 9 * * *",
+        kind: "digest",
+        payload: {},
+        queue: "default",
+        time_zone: "Europe/Paris",
+        catch_up: true,
       }],
       ["rpc/unschedule", { name: "nightly" }],
       ["rpc/configure", { changes: { max_result_bytes: 1024 } }],

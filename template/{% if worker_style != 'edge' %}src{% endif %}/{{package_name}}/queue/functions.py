@@ -224,15 +224,16 @@ class QueueFunctions(ABC):
         payload: dict[str, Any] | None = None,
         *,
         queue: str = "default",
+        time_zone: str = "UTC",
+        catch_up: bool = False,
     ) -> int:
-        """Enqueue a `kind` job on every `cron` slot (pg_cron syntax), one per slot, whatever
-        the overlaps and retries; scheduling a name again changes it. Returns pg_cron's job
-        id."""
-        payload_json = Json(payload or {})
-        cron_job = await self._value(
-            "schedule", name=name, cron=cron, kind=kind, payload=payload_json, queue=queue
-        )
-        return int(cron_job)
+        """Enqueue a `kind` job on every `cron` slot (five fields, read in `time_zone`, an IANA
+        name), one per slot, whatever the overlaps and retries; with `catch_up`, a slot missed
+        while nothing ran runs once on return. Scheduling a name again changes it. Returns the
+        id of the pg_cron job that runs it."""
+        args = {"name": name, "cron": cron, "kind": kind, "payload": Json(payload or {})}
+        args |= {"queue": queue, "time_zone": time_zone, "catch_up": catch_up}
+        return int((await self.call("schedule", args))[0]["schedule"])
 
     async def unschedule(self, name: str) -> bool:
         """Stop a recurring job (its queued jobs stay); False when there was none."""

@@ -97,7 +97,8 @@ class ThroughputPoint(BaseModel):
 
 
 class Schedule(BaseModel):
-    """A row of the `schedules` view: a recurring job, with its pg_cron state and last run."""
+    """A row of the `schedules` view: a recurring job, the state and last run of the pg_cron
+    job that runs it, and its next runs (instants, and the local times they stand for)."""
 
     name: str
     cron: str
@@ -108,3 +109,8 @@ class Schedule(BaseModel):
     last_run_at: datetime | None
     last_run_status: str | None
     created_at: datetime
+    time_zone: str
+    catch_up: bool
+    last_slot: datetime | None
+    next_runs: list[datetime] | None
+    next_runs_local: list[datetime] | None

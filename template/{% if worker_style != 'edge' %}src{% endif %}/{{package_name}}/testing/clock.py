@@ -63,8 +63,9 @@ class QueueClock:
         return moved
 
     def fire(self, schedule: str) -> int:
-        """Enqueue the job of `schedule` for its current slot now, as pg_cron does when the
-        slot comes (`enqueue_scheduled`); its id. LookupError for a schedule not defined."""
+        """Enqueue the job of `schedule` for the current minute's slot now, as the queue's
+        per-minute run does when a slot comes (`enqueue_scheduled`), whatever its cron
+        expression; its id. LookupError for a schedule not defined."""
         with psycopg.connect(self.url, autocommit=True) as db:
             statement = sql.SQL("select {}.enqueue_scheduled(%s)").format(
                 sql.Identifier(QUEUE_SCHEMA)
