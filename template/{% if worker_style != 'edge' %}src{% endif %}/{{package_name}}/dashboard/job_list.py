@@ -13,10 +13,9 @@ the set afterwards are not changed, and none is changed twice.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
 from urllib.parse import urlencode
 
 from starlette.requests import Request
@@ -116,17 +115,15 @@ class JobList:
             return RedirectResponse("/login", status_code=303)
         chosen = JobFilter.parse(request.query_params)
         after = _cursor(request.query_params.get("after", ""), chosen.status)
-        rows, total = await _gather(
-            self._source.list_jobs(
-                **asdict(chosen),
-                before_id=after[0],
-                before_finished_at=after[1],
-                page_size=PAGE_SIZE + 1,
-            ),
-            self._source.count_jobs(**asdict(chosen), cap=COUNT_CAP),
+        found = await self._source.list_jobs(
+            **asdict(chosen),
+            before_id=after[0],
+            before_finished_at=after[1],
+            page_size=PAGE_SIZE + 1,
         )
-        more = len(rows) > PAGE_SIZE
-        rows = list(rows[:PAGE_SIZE])
+        total = await self._source.count_jobs(**asdict(chosen), cap=COUNT_CAP)
+        more = len(found) > PAGE_SIZE
+        rows = list(found[:PAGE_SIZE])
         next_page = chosen.query(after=_cursor_of(rows[-1], chosen.status)) if more else None
         return self._render(
             "jobs.html",
@@ -186,11 +183,6 @@ class JobList:
         )
 
 
-async def _gather(rows: Awaitable[Sequence[Row]], total: Awaitable[int]) -> tuple[Sequence[Row], int]:
-    """A page and its count, read one after the other: a source may hold one connection."""
-    return await rows, await total
-
-
 def _inputs(chosen: JobFilter) -> dict[str, str]:
     """The filter form's values: the time filters as its date-time fields show them (UTC)."""
     fields = chosen.fields()
@@ -227,12 +219,13 @@ def _cursor(text: str, status: str | None) -> tuple[int | None, datetime | None]
     if not text:
         return None, None
     at, _, job_id = text.rpartition("_")
+    refused = Refusal(400, "That page link is not one the list made: start from the first page.")
     if not (job_id.isascii() and job_id.isdigit()) or (status in FINISHED) != bool(at):
-        raise Refusal(400, "That page link is not one the list made: start from the first page.")
+        raise refused
     try:
         return int(job_id), datetime.fromisoformat(at) if at else None
     except ValueError:
-        raise Refusal(400, "That page link is not one the list made: start from the first page.") from None
+        raise refused from None
 
 
 def _cursor_of(row: Row, status: str | None) -> str:

@@ -2,8 +2,9 @@
 """The dashboard's pages and actions.
 
 GET only reads; every change (retry, cancel, pause, resume, log out, and the job list's bulk
-actions, job_list.py) is a POST that carries its CSRF token and comes from this site (auth.py). Pages are rendered on the server by the
-Jinja templates in templates/, with autoescaping: payloads and errors are user data.
+actions, job_list.py) is a POST that carries its CSRF token and comes from this site
+(auth.py). Pages are rendered on the server by the Jinja templates in templates/, with
+autoescaping: payloads and errors are user data.
 """
 
 from __future__ import annotations
