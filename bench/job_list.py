@@ -99,10 +99,10 @@ def fill(conn: psycopg.Connection, finished: int, queued: int) -> None:
           payload, idempotency_key, last_error, created_at, finished_at, result)
         select id, queue, kind, status, 0, case when status = 'done' then 1 else 5 end, 5,
                case when status = 'done' then null else jsonb_build_object('n', id) end,
-               case when status = 'done' and id %% 2 = 0 then 'key-' || id end,
+               case when status = 'done' and id % 2 = 0 then 'key-' || id end,
                case when status = 'failed' then 'HTTP 503 from upstream' end,
                finished_at - interval '1 minute', finished_at,
-               case when status = 'done' and id %% 2 = 1 then '{{"ok": true}}'::jsonb end
+               case when status = 'done' and id % 2 = 1 then '{{"ok": true}}'::jsonb end
         from f where status <> 'done' or kept
         order by finished_at
         """
@@ -122,8 +122,8 @@ def fill(conn: psycopg.Connection, finished: int, queued: int) -> None:
     conn.execute(
         f"select count(*) from generate_series(0, %s) as c, lateral {S}.enqueue_many(("
         "  select jsonb_agg(jsonb_build_object("
-        "    'kind', case when c % 2 = 0 then 'send_email' else 'render_report' end,"
-        "    'queue', case when c % 2 = 0 then 'default' else 'rare_queue' end,"
+        "    'kind', case when c %% 2 = 0 then 'send_email' else 'render_report' end,"
+        "    'queue', case when c %% 2 = 0 then 'default' else 'rare_queue' end,"
         "    'payload', jsonb_build_object('n', i)))"
         "  from generate_series(1, 1000) as i)) as e",
         (queued // 2000 - 1,),
@@ -187,8 +187,9 @@ def measure(stack: Stack, finished: int, queued: int) -> dict[str, float]:
             f"select percentile_disc(0.5) within group (order by id) from {S}.live_jobs"
         ).fetchone()
         (key,) = conn.execute(
-            f"select idempotency_key from {S}.job_history where idempotency_key is not null"
-            " order by id limit 1 offset 1000"
+            f"select h.idempotency_key from {S}.job_history as h where h.idempotency_key <> ''"
+            f" order by h.id limit 1 offset (select count(h.idempotency_key) / 2"
+            f" from {S}.job_history as h)"
         ).fetchone()
         for name, (status, filters) in CASES.items():
             if "idempotency_key" in filters:
