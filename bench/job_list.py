@@ -39,6 +39,7 @@ CASES: dict[str, tuple[str | None, dict[str, Any]]] = {
     "queued": ("queued", {}),
     "queued_kind": ("queued", {"kind": "render_report"}),
     "queued_queue": ("queued", {"queue": "rare_queue"}),
+    "queued_rare_kind": ("queued", {"kind": "rare_kind"}),
     "running": ("running", {}),
     "done": ("done", {}),
     "done_kind": ("done", {"kind": "render_report"}),
