@@ -21,6 +21,7 @@ from . import (
     flow_control,
     generated_worker,
     hot_path_steps,
+    job_list,
     kept_tables,
     peers,
     queue_sql,
@@ -70,6 +71,9 @@ class Sizes:
     # the my_jobs scenario: one user's finished jobs (and as many of other users')
     client_finished: int
     edge_jobs: int = 2_000  # the Edge Function's drains (bench/edge_worker.py)
+    # the job list scenario: finished jobs kept, and queued ones (bench/job_list.py)
+    job_list_finished: int = 1_000_000
+    job_list_queued: int = 100_000
     edge_minute_s: float = 60.0  # its trickle and idle spans
 
 
@@ -85,7 +89,7 @@ SMOKE = Sizes(
     churn_jobs=3_000, churn_segment=500, churn_backlog=500,
     fairness_big=1_000, rate_per_s=100.0, rate_burst=10, rate_seconds=2.0,
     limited_jobs=200, gauge_jobs=2_000, gauge_unfolded=500, client_finished=200,
-    edge_jobs=200, edge_minute_s=3.0,
+    edge_jobs=200, edge_minute_s=3.0, job_list_finished=20_000, job_list_queued=4_000,
 )  # fmt: skip
 TRANSPORTS = ("postgres", "supabase")
 
@@ -227,6 +231,8 @@ def scenarios(sizes: Sizes) -> dict[str, Callable[[Stack], Figures]]:
         "gauges_1m": lambda s: queue_sql.gauges(s, sizes.gauge_jobs, sizes.gauge_unfolded),
         # the newest 20 of a user's finished jobs in my_jobs, and a submit under the caps
         "my_jobs": lambda s: client_jobs.my_jobs_page(s, sizes.client_finished),
+        # the dashboard's job list: each filter's first page, a deep page and its count
+        "job_list": lambda s: job_list.measure(s, sizes.job_list_finished, sizes.job_list_queued),
         "pgqueuer": lambda s: _peer("pgqueuer", s, sizes.pgqueuer_jobs),
         "procrastinate": lambda s: _peer("procrastinate", s, sizes.procrastinate_jobs),
     }

@@ -608,6 +608,11 @@ def test_service_role_has_exactly_the_worker_api(db: psycopg.Connection) -> None
         "_is_traceparent",
         # release 1.4.0: what a reader of schedules calls for the next runs
         "_cron_runs",
+        # release 1.4.0: the dashboard's job list, and its bulk actions
+        "list_jobs",
+        "count_jobs",
+        "retry_jobs",
+        "cancel_jobs",
     }
     with db.transaction(force_rollback=True):
         db.execute("set local role service_role")
@@ -684,7 +689,8 @@ def test_claims_and_the_history_are_served_by_their_indexes(db: psycopg.Connecti
         "jobs_claim_idx": "select id from pgqueue.jobs where status = 'queued'"
         " and queue = 'default' and concurrency_key is null and run_after <= now()"
         " order by priority desc, run_after, id limit 10 for update skip locked",
-        "job_history_finished_brin": "select id from pgqueue.job_history"
+        # pruning: the job list's index (status, finished_at, id) serves it since 1.4.0
+        "job_history_list_idx": "select id from pgqueue.job_history"
         " where status in ('done', 'cancelled') and finished_at < now() - interval '7 days'"
         " limit 10000",
         "job_history_kept_idx": "select * from pgqueue.dead_letters",

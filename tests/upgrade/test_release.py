@@ -116,9 +116,11 @@ def test_a_new_project_defines_each_queue_object_once(
     # _live_counts(), _wake_up_health(), _check_settings() (+3); the inlined _due_bucket() (+1);
     # the claim's steps (25 functions in claim.sql before its split, 26 in claim.sql and
     # running_jobs.sql after: +1); 1.4.0's schedules in a time zone: _cron_bits(), _cron_runs(),
-    # _sync_schedule_runner(), _enqueue_slot(), _run_schedules() (+5)
+    # _sync_schedule_runner(), _enqueue_slot(), _run_schedules() (+5); 1.4.0's job list:
+    # list_jobs(), count_jobs(), retry_jobs(), cancel_jobs(), _check_job_filter(),
+    # _job_conditions() (+6)
     functions = [n for n in counts if n.startswith("function ")]
-    assert len(functions) == 68 + 1 + 6 - 1 + 5 + 1 + 3 + 1 + 1 + 5
+    assert len(functions) == 68 + 1 + 6 - 1 + 5 + 1 + 3 + 1 + 1 + 5 + 6
     assert long_functions(baseline_sql(project)) == {}
     client = (
         (project / MIGRATIONS / BASELINE[BASELINE_TOPICS.index("client_jobs")])

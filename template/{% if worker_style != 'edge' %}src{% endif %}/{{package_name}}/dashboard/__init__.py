@@ -1,6 +1,7 @@
 # Dashboard machinery: you should not need to edit this file.
 """The queue's web dashboard: each queue's depth and state, throughput, dead letters and
-retrying jobs, one job's detail, and the buttons to retry, cancel, pause and resume.
+retrying jobs, the job list (filtered, a page at a time), one job's detail, and the buttons to
+retry, cancel (one job, or the filtered set after a confirmation), pause and resume.
 
 Server-rendered HTML (Starlette and Jinja2), plain forms, no script in the page. It needs a
 password to open (auth.py) and talks to the queue only through a QueueSource (source.py), so
@@ -61,6 +62,9 @@ def create_app(
         ("/jobs/{job_id}/cancel", views.cancel, "POST"),
         ("/queues/pause", views.pause, "POST"),
         ("/queues/resume", views.resume, "POST"),
+        ("/list", views.job_list.page, "GET"),
+        ("/list/{action}", views.job_list.confirm, "GET"),
+        ("/list/{action}", views.job_list.act, "POST"),
     ]
     routes = [
         Route(path, views.guarded(endpoint), methods=[method]) for path, endpoint, method in pages

@@ -121,6 +121,66 @@ class QueueSource(Protocol):
         """Queue a dead-lettered or cancelled job again; False for any other."""
         ...
 
+    async def list_jobs(
+        self,
+        *,
+        status: str | None,
+        kind: str | None = None,
+        queue: str | None = None,
+        idempotency_key: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        before_id: int | None = None,
+        before_finished_at: datetime | None = None,
+        page_size: int = 50,
+    ) -> Sequence[Row]:
+        """Rows of `list_jobs()`: a page of the jobs of a status that pass the filters given,
+        the newest (finished) first, after the row of `before_id` (and `before_finished_at`)."""
+        ...
+
+    async def count_jobs(
+        self,
+        *,
+        status: str | None,
+        kind: str | None = None,
+        queue: str | None = None,
+        idempotency_key: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        cap: int = 10_000,
+    ) -> int:
+        """`count_jobs()`: how many jobs pass the filters, up to cap + 1 (more than cap)."""
+        ...
+
+    async def retry_jobs(
+        self,
+        *,
+        status: str | None,
+        kind: str | None = None,
+        queue: str | None = None,
+        idempotency_key: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        max_jobs: int = 1000,
+    ) -> int:
+        """`retry_jobs()`: queue again up to max_jobs dead or cancelled jobs that pass the
+        filters; how many."""
+        ...
+
+    async def cancel_jobs(
+        self,
+        *,
+        status: str | None,
+        kind: str | None = None,
+        queue: str | None = None,
+        idempotency_key: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        max_jobs: int = 1000,
+    ) -> int:
+        """`cancel_jobs()`: cancel up to max_jobs queued jobs that pass the filters; how many."""
+        ...
+
     async def cancel(self, job_id: int) -> bool:
         """Cancel a queued or running job; False when it has finished."""
         ...

@@ -1,9 +1,10 @@
 # Dashboard machinery: you should not need to edit this file.
 """The dashboard's pages and actions.
 
-GET only reads; every change (retry, cancel, pause, resume, log out) is a POST that carries
-its CSRF token and comes from this site (auth.py). Pages are rendered on the server by the
-Jinja templates in templates/, with autoescaping: payloads and errors are user data.
+GET only reads; every change (retry, cancel, pause, resume, log out, and the job list's bulk
+actions, job_list.py) is a POST that carries its CSRF token and comes from this site
+(auth.py). Pages are rendered on the server by the Jinja templates in templates/, with
+autoescaping: payloads and errors are user data.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs
 
 import jinja2
 from starlette.requests import Request
@@ -25,13 +25,13 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from .auth import COOKIE, SESSION_SECONDS, Guard, LoginThrottle, from_another_site
 from .chart import throughput_chart
+from .forms import Refusal, read_form
+from .job_list import JobList
 from .source import QueueSource, Row
 
 log = logging.getLogger(__name__)
 
 TEMPLATES = Path(__file__).parent / "templates"
-# A form here holds a password or a token and an id: a few hundred bytes.
-MAX_FORM_BYTES = 16 * 1024
 # The largest job id there can be (ids are bigint).
 MAX_JOB_ID = 2**63 - 1
 # How many dead letters and retrying jobs the overview lists.
@@ -46,15 +46,6 @@ NOTICES = {
 }
 
 Endpoint = Callable[[Request], Awaitable[Response]]
-
-
-class Refusal(Exception):
-    """A request answered with an error page: its status and what to tell the user."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 @dataclass
@@ -90,6 +81,7 @@ class Views:
             lstrip_blocks=True,
         )
         self._jinja.filters.update(when=when, duration=duration, as_json=as_json)
+        self.job_list = JobList(source, self._render, self._session, self._check_post)
 
     # --- pages
 
@@ -299,24 +291,6 @@ def summarize(stats: Sequence[Row], states: Sequence[Any]) -> list[QueueSummary]
         summary.paused = state.paused
         summary.paused_at = state.paused_at
     return sorted(queues.values(), key=lambda q: q.queue)
-
-
-async def read_form(request: Request) -> dict[str, str]:
-    """A URL-encoded form's fields (the first value of each), read up to MAX_FORM_BYTES. A
-    body of another type has no fields (so no password and no token)."""
-    content_type = request.headers.get("content-type", "").split(";")[0].strip()
-    if content_type != "application/x-www-form-urlencoded":
-        return {}
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_FORM_BYTES:
-            raise Refusal(413, "That form is too large.")
-    try:
-        fields = parse_qs(body.decode(), keep_blank_values=True, max_num_fields=10)
-    except (UnicodeDecodeError, ValueError):
-        raise Refusal(400, "That form could not be read.") from None
-    return {name: values[0] for name, values in fields.items()}
 
 
 def _job_id(text: str) -> int:

@@ -123,6 +123,55 @@ class QueueFunctions(ABC):
         """Cancel a queued or running job; False when it had already finished."""
         return bool(await self._value("cancel", job_id=job_id))
 
+    async def list_jobs(
+        self,
+        *,
+        status: str | None,
+        kind: str | None = None,
+        queue: str | None = None,
+        idempotency_key: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        before_id: int | None = None,
+        before_finished_at: datetime | None = None,
+        page_size: int = 50,
+    ) -> list[Row]:
+        """A page of the jobs of `status` (queued, running, done, failed, cancelled; None only
+        with an idempotency key) that pass the filters given: finished jobs the newest finished
+        first, live ones the newest first. `since` and `until` bound when a finished job
+        finished and when a live one was created. The next page: the last row's id as
+        `before_id` (and its finished_at as `before_finished_at`, for finished jobs)."""
+        args = {
+            "status": status,
+            "kind": kind,
+            "queue": queue,
+            "idempotency_key": idempotency_key,
+            "since": since,
+            "until": until,
+            "before_id": before_id,
+            "before_finished_at": before_finished_at,
+            "page_size": page_size,
+        }
+        return await self.call("list_jobs", args)
+
+    async def count_jobs(self, *, status: str | None, cap: int = 10_000, **filters: Any) -> int:
+        """How many jobs of `status` pass the filters of list_jobs() (kind, queue,
+        idempotency_key, since, until), counted up to `cap`: cap + 1 means more than cap."""
+        return int(await self._value("count_jobs", status=status, cap=cap, **filters))
+
+    async def retry_jobs(self, *, status: str | None, max_jobs: int = 1000, **filters: Any) -> int:
+        """Queue again the dead letters (status "failed"), cancelled jobs, or both (None) that
+        pass the filters of list_jobs(), at most `max_jobs` (1 to 1000), the newest finished
+        first; how many. Call again until it returns 0, with the same `until`."""
+        return int(await self._value("retry_jobs", status=status, max_jobs=max_jobs, **filters))
+
+    async def cancel_jobs(
+        self, *, status: str | None = "queued", max_jobs: int = 1000, **filters: Any
+    ) -> int:
+        """Cancel the queued jobs that pass the filters of list_jobs(), at most `max_jobs` (1 to
+        1000), the newest first; how many. Call again until it returns 0."""
+        return int(await self._value("cancel_jobs", status=status, max_jobs=max_jobs, **filters))
+
     async def trace_contexts(self, job_ids: list[int]) -> dict[int, str]:
         """The traceparent each of these live jobs was enqueued with, for those that have one."""
         rows = await self.call("trace_contexts", {"job_ids": job_ids})
