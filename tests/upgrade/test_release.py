@@ -115,9 +115,10 @@ def test_a_new_project_defines_each_queue_object_once(
     # _check_queue_name() (+1); the named steps of metrics(), health() and configure():
     # _live_counts(), _wake_up_health(), _check_settings() (+3); the inlined _due_bucket() (+1);
     # the claim's steps (25 functions in claim.sql before its split, 26 in claim.sql and
-    # running_jobs.sql after: +1)
+    # running_jobs.sql after: +1); 1.4.0's attempt errors and snoozes: _record_errors(),
+    # snooze(), _prune_attempt_logs(), _job_is_kept() (+4)
     functions = [n for n in counts if n.startswith("function ")]
-    assert len(functions) == 68 + 1 + 6 - 1 + 5 + 1 + 3 + 1 + 1
+    assert len(functions) == 68 + 1 + 6 - 1 + 5 + 1 + 3 + 1 + 1 + 4
     assert long_functions(baseline_sql(project)) == {}
     client = (
         (project / MIGRATIONS / BASELINE[BASELINE_TOPICS.index("client_jobs")])
