@@ -103,7 +103,9 @@ export class Snooze extends Error {
       );
     }
     if (!(Number.isInteger(maxSnoozes) && maxSnoozes >= 1 && maxSnoozes <= 10_000)) {
-      throw new RangeError(`Snooze's maxSnoozes must be a whole number from 1 to 10000, got ${maxSnoozes}`);
+      throw new RangeError(
+        `Snooze's maxSnoozes must be a whole number from 1 to 10000, got ${maxSnoozes}`,
+      );
     }
     super(`snooze for ${seconds}s`);
     this.seconds = seconds;

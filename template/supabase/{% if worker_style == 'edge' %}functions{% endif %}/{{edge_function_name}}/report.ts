@@ -232,7 +232,11 @@ export class Reporter {
       if (status === "queued") this.counts.snoozed += 1;
       else if (status === "failed") this.counts.deadLettered += 1;
       else this.counts.stale += 1;
-      const event = status === "queued" ? "job.snoozed" : status === null ? "job.stale" : "job.failed";
+      const event = status === "queued"
+        ? "job.snoozed"
+        : status === null
+        ? "job.stale"
+        : "job.failed";
       (status === "queued" ? this.options.jobLog : this.options.log)({
         event,
         ...describeJob(job),
