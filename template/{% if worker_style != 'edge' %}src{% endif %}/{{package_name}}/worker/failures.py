@@ -30,9 +30,10 @@ async def report_failure(
     retry_in: timedelta | None = None,
 ) -> None:
     """Record a failed attempt of `job` (its handler started at `started`, a time.monotonic()
-    reading) with `error` (of type `error_type`, listed with the job's errors); counted retried, dead, or lost when its token was stale (the job
-    was taken back). With `shown`, the job fails for good and `shown` is the message its owner
-    reads in my_jobs. A retried job runs again after `retry_in`, or the database's backoff()."""
+    reading) with `error`, of type `error_type` (both listed with the job's errors); counted
+    retried, dead, or lost when its token was stale (the job was taken back). With `shown`, the
+    job fails for good and `shown` is the message its owner reads in my_jobs. A retried job
+    runs again after `retry_in`, or the database's backoff()."""
     queue = context.queue
 
     async def fail() -> str | None:
