@@ -98,8 +98,10 @@ class Snooze(Exception):
 
     def __init__(self, delay: float | timedelta, max_snoozes: int = 100) -> None:
         seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
-        if not (math.isfinite(seconds) and seconds >= 0):
-            raise ValueError(f"Snooze needs a delay of 0 seconds or more, got {delay!r}")
+        if not 0 <= seconds <= 1e9:  # (NaN fails too)
+            raise ValueError(
+                f"Snooze needs a delay of 0 seconds or more (at most 1e9), got {delay!r}"
+            )
         if not 1 <= max_snoozes <= 10_000:
             raise ValueError(f"Snooze's max_snoozes must be from 1 to 10000, got {max_snoozes}")
         self.delay = timedelta(seconds=seconds)
