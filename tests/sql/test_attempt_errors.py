@@ -209,8 +209,16 @@ def test_a_snooze_past_the_cap_fails_the_job_for_good_saying_why(db: psycopg.Con
 
 @pytest.mark.parametrize(
     ("seconds", "max_snoozes"),
-    [("-1", 100), ("NaN", 100), ("Infinity", 100), ("2e9", 100), (None, 100), ("10", 0)]
-    + [("10", None), ("10", 10_001)],
+    [
+        ("-1", 100),
+        ("NaN", 100),
+        ("Infinity", 100),
+        ("2e9", 100),
+        (None, 100),
+        ("10", 0),
+        ("10", None),
+        ("10", 10_001),
+    ],
 )
 def test_snooze_refuses_a_bad_delay_or_cap_and_the_job_runs_on(
     db: psycopg.Connection, seconds: str | None, max_snoozes: int | None
