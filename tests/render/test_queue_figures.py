@@ -77,7 +77,7 @@ def test_the_figures_are_printed_and_add_up(project: Path) -> None:
 # growth, it does not forbid features), and no more.
 ADDED_LINES = {
     "1.3.0": 4_500,
-    "1.4.0 attempt errors and snoozes": 203,
+    "1.4.0 attempt errors and snoozes": 204,
 }
 
 
