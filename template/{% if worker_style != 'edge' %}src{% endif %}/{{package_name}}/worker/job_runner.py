@@ -40,6 +40,7 @@ from .context import WorkerContext
 from .failures import report_failure
 from .leases import LeaseKeeper, StopReason
 from .logs import describe_exception, describe_failure, job_fields, ms_since
+from .metrics import Outcome
 from .reports import NotReported, report
 
 log = logging.getLogger(__name__)
@@ -257,7 +258,9 @@ class JobRunner:
                 extra={"event": "job.unreported", "cause": str(exc), **job_fields(job)},
             )
             return
-        outcome = "snoozed" if status == "queued" else "dead" if status == "failed" else "lost"
+        outcome: Outcome = (
+            "snoozed" if status == "queued" else "dead" if status == "failed" else "lost"
+        )
         self.context.metrics.finished([job], outcome)
         log.log(
             logging.ERROR if outcome == "dead" else logging.INFO,
