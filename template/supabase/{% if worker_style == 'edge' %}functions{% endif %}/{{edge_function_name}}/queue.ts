@@ -210,23 +210,13 @@ export function workerQueue(api: DataApi): WorkerQueue {
     },
     complete: (attempt, result = null, signal) =>
       api.call("complete", { ...lease(attempt), result }, boolean, signal),
-    fail: (job, error, retryable, signal, retryInSeconds, errorType) =>
-      api.call(
-        "fail",
-        failArgs(job, error, retryable, retryInSeconds, errorType),
-        failOutcome,
-        signal,
-      ),
+    fail: (job, error, retryable, signal, ...chosen) =>
+      api.call("fail", failArgs(job, error, retryable, ...chosen), failOutcome, signal),
     failUserFacing: (job, message, signal) =>
       api.call("fail_user_facing", { ...lease(job), message }, failOutcome, signal),
     release: (attempt, signal) => api.call("release", lease(attempt), boolean, signal),
     snooze: (attempt, seconds, maxSnoozes, signal) =>
-      api.call(
-        "snooze",
-        { ...lease(attempt), seconds, max_snoozes: maxSnoozes },
-        failOutcome,
-        signal,
-      ),
+      api.call("snooze", snoozeArgs(attempt, seconds, maxSnoozes), failOutcome, signal),
     heartbeatMany: (attempts, leaseSeconds, signal) =>
       api.call(
         "heartbeat_many",
@@ -270,6 +260,11 @@ function failArgs(
     ...(retryInSeconds === undefined ? {} : { retry_in: interval(retryInSeconds) }),
     ...(errorType === undefined ? {} : { error_type: errorType }),
   };
+}
+
+/** snooze()'s arguments. */
+function snoozeArgs(attempt: Attempt, seconds: number, maxSnoozes: number) {
+  return { ...lease(attempt), seconds, max_snoozes: maxSnoozes };
 }
 
 /** Seconds as a Postgres interval, to the millisecond (never in exponent notation). */

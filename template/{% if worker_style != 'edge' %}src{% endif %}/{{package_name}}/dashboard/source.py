@@ -47,7 +47,8 @@ class ThroughputRow(Protocol):
 
 
 class JobRow(Protocol):
-    """A row of `job(id)`: one job, live or finished."""
+    """A row of `job(id)`: one job, live or finished. (Its page also lists `errors`, each
+    failed attempt's, and `snoozes`, where the row has them.)"""
 
     @property
     def id(self) -> int: ...
@@ -83,10 +84,6 @@ class JobRow(Protocol):
     def created_at(self) -> datetime: ...
     @property
     def finished_at(self) -> datetime | None: ...
-    @property
-    def errors(self) -> Sequence[Any]: ...
-    @property
-    def snoozes(self) -> int: ...
 
 
 class QueueSource(Protocol):

@@ -147,21 +147,8 @@ class JobRunner:
             task.uncancel()
             await self._stopped(job, reason, registration, started)
             return
-        except Snooze as exc:
-            await self._snooze(job, exc)
-            return
-        except PermanentError as exc:
-            error, shown = _permanent_error(exc)
-            await self._fail(job, error, _type_name(exc), shown, retryable=False, started=started)
-            return
         except Exception as exc:
-            retry_in = _retry_in(registration, job, exc)
-            # a delay the handler chose is no surprise: its message alone
-            chosen = isinstance(exc, RetryAfter)
-            error = describe_exception(exc) if chosen else describe_failure(exc)
-            await self._fail(
-                job, error, _type_name(exc), retryable=True, started=started, retry_in=retry_in
-            )
+            await self._raised(job, registration, exc, started)
             return
         try:
             result = None if returned is None else self._result(job, returned)
@@ -169,6 +156,27 @@ class JobRunner:
             await self._fail(job, str(exc), "NotStorable", retryable=False, started=started)
             return
         self.completions.add(job, started, result, self.keeper.lease_ends(task))
+
+    async def _raised(
+        self, job: Job, registration: Registration, exc: Exception, started: float
+    ) -> None:
+        """The handler of `job` raised `exc`: a Snooze runs the job later, its attempt not
+        counted; a PermanentError fails it for good; any other error fails the attempt, retried
+        after the delay a RetryAfter names, else after the kind's own Backoff."""
+        if isinstance(exc, Snooze):
+            await self._snooze(job, exc)
+            return
+        if isinstance(exc, PermanentError):
+            error, shown = _permanent_error(exc)
+            await self._fail(job, error, _type_name(exc), shown, retryable=False, started=started)
+            return
+        retry_in = _retry_in(registration, job, exc)
+        # a delay the handler chose is no surprise: its message alone
+        chosen = isinstance(exc, RetryAfter)
+        error = describe_exception(exc) if chosen else describe_failure(exc)
+        await self._fail(
+            job, error, _type_name(exc), retryable=True, started=started, retry_in=retry_in
+        )
 
     def _info(self, job: Job, owner: str | None) -> JobInfo:
         """What the handler of `job` is told about it (`owner`: who submitted it, if a user)."""
