@@ -47,8 +47,7 @@ class ThroughputRow(Protocol):
 
 
 class JobRow(Protocol):
-    """A row of `job(id)`: one job, live or finished. (Its page also lists `errors`, each
-    failed attempt's, and `snoozes`, where the row has them.)"""
+    """A row of `job(id)`: one job, live or finished."""
 
     @property
     def id(self) -> int: ...
@@ -84,6 +83,10 @@ class JobRow(Protocol):
     def created_at(self) -> datetime: ...
     @property
     def finished_at(self) -> datetime | None: ...
+    @property
+    def errors(self) -> Sequence[Any]: ...  # each failed attempt's, oldest first
+    @property
+    def snoozes(self) -> int: ...
 
 
 class QueueSource(Protocol):
