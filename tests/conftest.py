@@ -160,7 +160,8 @@ def db(stack: Cluster, project: Path) -> Iterator[psycopg.Connection]:
     with stack.connect(autocommit=True) as conn:
         conn.execute(
             "truncate pgqueue.jobs, pgqueue.job_batches, pgqueue.job_history, pgqueue.done_batches,"
-            " pgqueue.claims, pgqueue.claimed_keys, pgqueue.job_progress"
+            " pgqueue.claims, pgqueue.claimed_keys, pgqueue.job_progress,"
+            " pgqueue.job_errors, pgqueue.job_snoozes"
             " restart identity;"
             "truncate net.http_request_queue, net._http_response, vault.secrets;"
         )

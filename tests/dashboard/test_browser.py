@@ -213,6 +213,12 @@ def test_a_jobs_detail(
     assert field("kept").startswith("A dead-lettered job keeps its payload and last error")
     assert field("attempts") == "1 of 1"
     assert field("last_error") == dead["last_error"]
+    # each failed attempt's error, its markup shown as text
+    attempts = page.locator("[data-field=errors] tbody tr")
+    assert attempts.count() == 1
+    assert attempts.first.get_attribute("data-attempt") == "1"
+    assert attempts.first.locator("[data-field=error-type]").inner_text() == "ValueError"
+    assert attempts.first.locator("pre").inner_text() == dead["last_error"]
     assert json.loads(field("payload")) == dead["payload"]
     assert page.get_by_role("button", name="Retry").count() == 1
     assert page.locator("script").count() == 0
@@ -222,6 +228,27 @@ def test_a_jobs_detail(
     assert field("status") == "done"
     assert json.loads(field("result")) == {"pages": 12, "url": "s3://r/11.pdf"}
     assert page.get_by_role("button").filter(has_text=re.compile("Retry|Cancel")).count() == 0
+
+    page.goto(f"{dashboard.url}/jobs/{jobs['retrying']}")
+    assert page.locator("[data-field=snoozes]").count() == 0
+    db.execute("update pgqueue.jobs set run_after = now() where id = %s", (jobs["retrying"],))
+    (claimed, token) = db.execute(
+        "select id, lock_token from pgqueue.claim('w', kinds => array['send_webhook'])"
+    ).fetchone()
+    assert claimed == jobs["retrying"]
+    db.execute("select pgqueue.fail(%s, %s, 'HTTPError: 503', retry_in => '0 s')", (claimed, token))
+    db.execute("select pgqueue.claim('w', kinds => array['send_webhook'])")
+    db.execute(
+        "select pgqueue.snooze(id, lock_token, 3600) from pgqueue.running_jobs where id = %s",
+        (claimed,),
+    )
+    page.reload()
+    assert field("snoozes") == "1"
+    # newest first: the second attempt's error above the first's
+    rows = page.locator("[data-field=errors] tbody tr")
+    assert [rows.nth(i).get_attribute("data-attempt") for i in range(2)] == ["2", "1"]
+    assert rows.first.locator("[data-field=error-type]").inner_text() == "HTTPError"
+    screenshot("attempt-errors")
 
     page.goto(f"{dashboard.url}/jobs/{jobs['running']}")
     assert json.loads(field("progress")) == {"pct": 40}

@@ -4,10 +4,13 @@ and in an edge project's dashboard/, a Python project of its own, made of the sa
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import zipfile
 from pathlib import Path
+
+import psycopg
 
 from testkit.cluster import Cluster
 from testkit.project import render, run
@@ -89,3 +92,38 @@ def test_the_edge_dashboard_says_when_the_migrations_are_missing(
         "error: the queue schema pgqueue does not exist in this database: apply the migrations "
         "first (supabase db push, or supabase migration up locally)\n"
     )
+
+
+def test_the_edge_dashboards_job_command_shows_each_failed_attempt(
+    edge_dashboard: EdgeDashboard, db: psycopg.Connection, stack_env: dict
+) -> None:
+    """`dashboard job ID`, an edge project's `job ID`: the job as JSON with its errors and
+    snoozes, with DATABASE_URL alone (no password: it serves nothing); a missing job is one
+    line and exit 1."""
+    (job_id,) = db.execute("select pgqueue.enqueue('send_email', max_attempts => 1)").fetchone()
+    (token,) = db.execute("select lock_token from pgqueue.claim('edge-isolate-1')").fetchone()
+    db.execute(
+        "select pgqueue.fail(%s, %s, %s, error_type => 'TypeError')",
+        (job_id, token, "TypeError: fetch failed\n    at handlers/send_email.ts:12:5"),
+    )
+    env = {k: v for k, v in {**os.environ, **stack_env}.items() if "PASSWORD" not in k}
+    env = {k: v for k, v in env.items() if not k.endswith("SERVICE_ROLE_KEY")}
+    command = [edge_dashboard.bin("dashboard"), "job"]
+    shown = subprocess.run(
+        [*command, str(job_id)], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert shown.returncode == 0, shown.stderr
+    view = json.loads(shown.stdout)
+    assert (view["id"], view["status"], view["snoozes"]) == (job_id, "failed", 0)
+    [failed] = view["errors"]
+    assert (failed["attempt"], failed["worker"], failed["type"]) == (
+        1,
+        "edge-isolate-1",
+        "TypeError",
+    )
+    assert failed["message"].startswith("TypeError: fetch failed\n    at handlers/send_email.ts")
+    missing = subprocess.run(
+        [*command, "999999999"], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert missing.returncode == 1
+    assert missing.stderr.startswith("error: no job 999999999: it was never enqueued")

@@ -80,6 +80,7 @@ ADDED_LINES = {
     "1.4.0 strict order per key": 38,
     "1.4.0 schedules in a time zone, with catch-up": 337,
     "1.4.0 job list": 320,  # list_jobs(), count_jobs(), retry_jobs(), cancel_jobs(), indexes
+    "1.4.0 attempt errors and snoozes": 204,
 }
 
 

@@ -71,6 +71,8 @@ def test_one_kind_and_queue_with_nothing_else_set_is_stored_as_one_row(
         "locked_until": None,
         "created_at": None,
         "finished_at": None,
+        "errors": [],
+        "snoozes": 0,
     }
     stats = db.execute(
         "select queue, kind, status, jobs, runnable from pgqueue.stats where status = 'queued'"

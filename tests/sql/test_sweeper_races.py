@@ -138,6 +138,9 @@ def test_retryable_fail_that_waited_on_a_sweep_keeps_the_job_queued_with_the_wor
     assert where_is(db, job_id) == ("queued", 1)
     (error,) = db.execute("select last_error from pgqueue.jobs where id = %s", (job_id,)).fetchone()
     assert error == "upstream timed out"
+    # the attempt's one error is the worker's, not the sweep's guess (its lease expired)
+    (errors,) = db.execute("select errors from pgqueue.job(%s)", (job_id,)).fetchone()
+    assert [(e["attempt"], e["message"]) for e in errors] == [(1, "upstream timed out")]
     assert_queued_counts_match(db, 1)
 
 
@@ -151,6 +154,7 @@ def test_release_that_waited_on_a_sweep_hands_the_job_back_uncounted_and_due_now
     )
     assert released is True
     assert where_is(db, job_id) == ("queued", 0)
+    assert db.execute("select errors from pgqueue.job(%s)", (job_id,)).fetchone() == ([],)
     (due,) = db.execute(
         "select run_after <= now() from pgqueue.jobs where id = %s", (job_id,)
     ).fetchone()

@@ -10,7 +10,8 @@ does not fit). What the handler returns becomes the job's result (queue/results.
 
 A kind may choose its own backoff (`@handler(kind, backoff=Backoff(base=1, cap=60))`) and a
 handler the delay before its next attempt (`raise RetryAfter(30)`); without either, the
-database's curve applies (`<schema>.backoff()`).
+database's curve applies (`<schema>.backoff()`). A handler whose job is not ready yet runs it
+again later without spending an attempt (`raise Snooze(60)`).
 """
 
 from __future__ import annotations
@@ -86,6 +87,26 @@ class RetryAfter(Exception):
             raise ValueError(f"RetryAfter needs a delay of 0 seconds or more, got {delay!r}")
         self.delay = timedelta(seconds=seconds)
         super().__init__(message or f"retry after {seconds:g}s")
+
+
+class Snooze(Exception):
+    """Raise this from a handler to have its job run again after `delay` (seconds, or a
+    timedelta) without spending an attempt: the job is not ready yet (an export still being
+    built, a payment not yet settled). Not an error: nothing is recorded but the count of the
+    job's snoozes (job(id)'s `snoozes`). A job's snooze after `max_snoozes` (1 to 10,000) fails
+    it for good instead, with an error that says so, so a job cannot snooze forever."""
+
+    def __init__(self, delay: float | timedelta, max_snoozes: int = 100) -> None:
+        seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+        if not 0 <= seconds <= 1e9:  # (NaN fails too)
+            raise ValueError(
+                f"Snooze needs a delay of 0 seconds or more (at most 1e9), got {delay!r}"
+            )
+        if not 1 <= max_snoozes <= 10_000:
+            raise ValueError(f"Snooze's max_snoozes must be from 1 to 10000, got {max_snoozes}")
+        self.delay = timedelta(seconds=seconds)
+        self.max_snoozes = max_snoozes
+        super().__init__(f"snooze for {seconds:g}s")
 
 
 @dataclass(frozen=True)

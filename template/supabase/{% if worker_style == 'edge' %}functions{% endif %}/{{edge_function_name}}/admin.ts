@@ -71,6 +71,21 @@ export interface JobRecord {
   locked_until: string | null;
   created_at: string;
   finished_at: string | null;
+  /** Each failed attempt's error, oldest first (the newest 20 are kept). */
+  errors: AttemptError[];
+  /** How many times its handler snoozed it (Snooze: run again later, no attempt spent). */
+  snoozes: number;
+}
+
+/** The error one failed attempt of a job ended with: an element of JobRecord.errors. */
+export interface AttemptError {
+  attempt: number;
+  at: string;
+  worker: string | null;
+  /** The error's name (`TypeError`); LeaseExpired for a lease the sweeper rescued. */
+  type: string | null;
+  /** The error's text with its stack, at most 8,192 characters. */
+  message: string;
 }
 
 /** A row of the `stats` view: jobs per queue, kind and status. */

@@ -1,6 +1,6 @@
 // Machinery: what a handler is. Handlers in handlers/ are built with defineHandler(), may
-// return a result and report progress, may throw PermanentError or RetryAfter, and may give
-// their kind its own backoff; the worker (worker.ts) does the rest.
+// return a result and report progress, may throw PermanentError, RetryAfter or Snooze, and may
+// give their kind its own backoff; the worker (worker.ts) does the rest.
 import { z } from "zod";
 import type { Json } from "./queue.ts";
 
@@ -78,6 +78,38 @@ export class RetryAfter extends Error {
     }
     super(message ?? `retry after ${seconds}s`);
     this.seconds = seconds;
+  }
+}
+
+/** How many times a job may snooze unless its Snooze says otherwise. */
+export const DEFAULT_MAX_SNOOZES = 100;
+
+/**
+ * Throw this from a handler to have its job run again after `seconds` without spending an
+ * attempt: the job is not ready yet (an export still being built, a payment not yet settled).
+ * Not an error: nothing is recorded but the count of the job's snoozes (`job(id)`'s
+ * `snoozes`). A job's snooze after `maxSnoozes` (1 to 10,000) fails it for good instead, with
+ * an error that says so, so a job cannot snooze forever.
+ */
+export class Snooze extends Error {
+  override name = "Snooze";
+  readonly seconds: number;
+  readonly maxSnoozes: number;
+
+  constructor(seconds: number, maxSnoozes = DEFAULT_MAX_SNOOZES) {
+    if (!(seconds >= 0 && seconds <= MAX_RETRY_SECONDS)) {
+      throw new RangeError(
+        `Snooze needs a delay of 0 to ${MAX_RETRY_SECONDS} seconds (about 31 years), got ${seconds}`,
+      );
+    }
+    if (!(Number.isInteger(maxSnoozes) && maxSnoozes >= 1 && maxSnoozes <= 10_000)) {
+      throw new RangeError(
+        `Snooze's maxSnoozes must be a whole number from 1 to 10000, got ${maxSnoozes}`,
+      );
+    }
+    super(`snooze for ${seconds}s`);
+    this.seconds = seconds;
+    this.maxSnoozes = maxSnoozes;
   }
 }
 

@@ -85,6 +85,7 @@ export interface WorkerQueue {
   /**
    * Fails the attempt: the job goes back to the queue after `retryInSeconds` (undefined: the
    * database's backoff()), or to the dead letters when not `retryable` or out of attempts.
+   * `errorType` (the error's name) goes with the error into the job's list of errors.
    */
   fail(
     job: ClaimedJob,
@@ -92,6 +93,7 @@ export interface WorkerQueue {
     retryable: boolean,
     signal?: AbortSignal,
     retryInSeconds?: number,
+    errorType?: string,
   ): Promise<FailOutcome>;
   /**
    * Fails the job for good with an error its owner reads in `my_jobs` (a UserFacingError):
@@ -104,6 +106,17 @@ export interface WorkerQueue {
    * stopping); false when its lease was lost.
    */
   release(attempt: Attempt, signal?: AbortSignal): Promise<boolean>;
+  /**
+   * Hands a running job back to run after `seconds`, its attempt not counted (a Snooze):
+   * "queued"; "failed" when it had snoozed `maxSnoozes` times already (a dead letter now);
+   * null when its lease was lost.
+   */
+  snooze(
+    attempt: Attempt,
+    seconds: number,
+    maxSnoozes: number,
+    signal?: AbortSignal,
+  ): Promise<FailOutcome>;
   /**
    * Renews the leases of the running `attempts` to `leaseSeconds` from now (never shortening
    * one); returns the ids of those still running under their lock tokens (the others were
@@ -197,11 +210,13 @@ export function workerQueue(api: DataApi): WorkerQueue {
     },
     complete: (attempt, result = null, signal) =>
       api.call("complete", { ...lease(attempt), result }, boolean, signal),
-    fail: (job, error, retryable, signal, retryInSeconds) =>
-      api.call("fail", failArgs(job, error, retryable, retryInSeconds), failOutcome, signal),
+    fail: (job, error, retryable, signal, ...chosen) =>
+      api.call("fail", failArgs(job, error, retryable, ...chosen), failOutcome, signal),
     failUserFacing: (job, message, signal) =>
       api.call("fail_user_facing", { ...lease(job), message }, failOutcome, signal),
     release: (attempt, signal) => api.call("release", lease(attempt), boolean, signal),
+    snooze: (attempt, seconds, maxSnoozes, signal) =>
+      api.call("snooze", snoozeArgs(attempt, seconds, maxSnoozes), failOutcome, signal),
     heartbeatMany: (attempts, leaseSeconds, signal) =>
       api.call(
         "heartbeat_many",
@@ -230,14 +245,26 @@ export function workerQueue(api: DataApi): WorkerQueue {
   };
 }
 
-/** fail()'s arguments: `retry_in` only when the worker chose the delay. */
-function failArgs(job: Attempt, error: string, retryable: boolean, retryInSeconds?: number) {
+/** fail()'s arguments: `retry_in` only when the worker chose the delay, `error_type` when known. */
+function failArgs(
+  job: Attempt,
+  error: string,
+  retryable: boolean,
+  retryInSeconds?: number,
+  errorType?: string,
+) {
   return {
     ...lease(job),
     error,
     retryable,
     ...(retryInSeconds === undefined ? {} : { retry_in: interval(retryInSeconds) }),
+    ...(errorType === undefined ? {} : { error_type: errorType }),
   };
+}
+
+/** snooze()'s arguments. */
+function snoozeArgs(attempt: Attempt, seconds: number, maxSnoozes: number) {
+  return { ...lease(attempt), seconds, max_snoozes: maxSnoozes };
 }
 
 /** Seconds as a Postgres interval, to the millisecond (never in exponent notation). */

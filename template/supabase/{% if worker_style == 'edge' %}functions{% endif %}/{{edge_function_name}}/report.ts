@@ -1,14 +1,15 @@
 // Machinery: telling the database how each job of a drain (worker.ts) ended. A job that ran to
 // the end waits for the drain's next call, which completes it along with the next claim, its
 // result too; one that threw is failed (retried later: after a RetryAfter's delay, else its
-// kind's own backoff, else the database's; or dead-lettered); one cut off by the
+// kind's own backoff, else the database's; or dead-lettered); one that threw a Snooze is
+// snoozed (run again later, its attempt not counted); one cut off by the
 // deadline, the CPU budget or the function's unloading is released. The database measures a
 // result as it stores it and may refuse one: then the jobs with a result are completed one at
 // a time and the refused ones failed. The size limit for results is read once, when the first
 // comes. Completions the database could not be reached for are tried again until it answers or
 // the isolate is about to end: it takes them until a sweep takes their jobs back. Jobs end
 // while a call is under way: each call sends the jobs that had ended when it started.
-import { PermanentError, UserFacingError } from "./job.ts";
+import { PermanentError, Snooze, UserFacingError } from "./job.ts";
 import {
   type ClaimedJob,
   type DoneJob,
@@ -45,6 +46,8 @@ export interface ReportCounts {
    * deadline, the CPU budget or the function's unloading.
    */
   released: number;
+  /** Jobs whose handler asked to run them again later (a Snooze), their attempt not counted. */
+  snoozed: number;
   /** Failed jobs whose lease was lost (rescued or cancelled) before they were reported. */
   stale: number;
   /** Jobs left running because reporting them failed; the sweeper rescues them. */
@@ -107,7 +110,9 @@ export class Reporter {
       this.counts.stale += 1;
       this.options.log({ event: "job.stale", ...describeJob(outcome.job), error: "lease lost" });
     } else if (outcome.cut && cutAs === "release") await this.release(outcome.job);
-    else await this.fail(outcome.job, outcome.error);
+    else if (!outcome.cut && outcome.error instanceof Snooze) {
+      await this.snooze(outcome.job, outcome.error);
+    } else await this.fail(outcome.job, outcome.error);
     return false;
   }
 
@@ -212,6 +217,38 @@ export class Reporter {
   }
 
   /**
+   * Hands the job back to run after the delay its handler asked for, its attempt not counted
+   * (past its maxSnoozes the database dead-letters it instead).
+   */
+  async snooze(job: ClaimedJob, snooze: Snooze): Promise<void> {
+    try {
+      const signal = this.options.callSignal();
+      const status = await this.options.queue.snooze(
+        job,
+        snooze.seconds,
+        snooze.maxSnoozes,
+        signal,
+      );
+      if (status === "queued") this.counts.snoozed += 1;
+      else if (status === "failed") this.counts.deadLettered += 1;
+      else this.counts.stale += 1;
+      const event = status === "queued"
+        ? "job.snoozed"
+        : status === null
+        ? "job.stale"
+        : "job.failed";
+      (status === "queued" ? this.options.jobLog : this.options.log)({
+        event,
+        ...describeJob(job),
+        seconds: snooze.seconds,
+      });
+    } catch (queueError) {
+      this.counts.unreported += 1;
+      this.options.log({ event: "queue.error", call: "snooze", error: describe(queueError) });
+    }
+  }
+
+  /**
    * fail()s the job: retried later, or dead-lettered when `error` is permanent. A
    * UserFacingError goes to failUserFacing(), which records its message for the job's owner.
    */
@@ -229,6 +266,7 @@ export class Reporter {
           retryable,
           signal,
           retryable ? this.options.retryDelay?.(job, error) : undefined,
+          errorType(error),
         );
       if (status === "queued") this.counts.retried += 1;
       else if (status === "failed") this.counts.deadLettered += 1;
@@ -326,4 +364,9 @@ function tooBig(error: QueueError): ResultError {
  */
 function unreachable(error: unknown): boolean {
   return !(error instanceof QueueError) || error.code === "" || /^PGRST00[0-3]$/.test(error.code);
+}
+
+/** The type a failed attempt is listed with: the error's name (`TypeError`, `RetryAfter`). */
+function errorType(error: unknown): string | undefined {
+  return error instanceof Error ? error.name : undefined;
 }

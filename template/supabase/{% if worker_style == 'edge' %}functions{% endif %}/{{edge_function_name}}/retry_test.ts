@@ -8,6 +8,7 @@ import {
   PermanentError,
   RetryAfter,
   retryDelay,
+  Snooze,
   withBackoff,
 } from "./job.ts";
 import { drain, drainOptions, MemoryQueue, withApi } from "./testing.ts";
@@ -88,6 +89,13 @@ Deno.test("a drain fails each job with the delay its handler or kind chose", asy
     [plain.id]: undefined,
     [refused.id]: undefined,
   });
+  const types = Object.fromEntries(queue.failures.map((f) => [f.id, f.errorType]));
+  assert.deepEqual(types, {
+    [limited.id]: "RetryAfter",
+    [curved.id]: "Error",
+    [plain.id]: "Error",
+    [refused.id]: "PermanentError",
+  });
   assert.equal(limited.lastError?.split("\n")[0], "RetryAfter: 429 from the API");
   assert.ok(limited.runAfter >= before + 120_000);
   assert.ok(plain.runAfter < before + 120_000);
@@ -123,6 +131,69 @@ Deno.test("fail() sends retry_in as an interval only when the worker chose a del
       ["rpc/fail", { ...sent, retry_in: "0.000 seconds" }],
       ["rpc/fail", { ...sent, retry_in: "1000000000.000 seconds" }],
       ["rpc/fail", { job_id: 4, lock_token: "tok", error: "boom", retryable: true }],
+    ]);
+  });
+});
+
+Deno.test("Snooze takes 0 seconds or more and a cap from 1 to 10000", () => {
+  assert.equal(new Snooze(30).seconds, 30);
+  assert.equal(new Snooze(30).maxSnoozes, 100);
+  assert.equal(new Snooze(0, 500).maxSnoozes, 500);
+  for (const bad of [-1, Number.NaN, Number.POSITIVE_INFINITY]) {
+    assert.throws(() => new Snooze(bad), /Snooze needs a delay of 0 to/);
+  }
+  for (const bad of [0, 10_001, 1.5]) {
+    assert.throws(() => new Snooze(1, bad), /maxSnoozes must be a whole number from 1 to 10000/);
+  }
+});
+
+Deno.test("a drain snoozes a job whose handler throws Snooze, its attempt not counted", async () => {
+  const queue = new MemoryQueue();
+  const waiting = queue.add("waiting");
+  const capped = queue.add("capped");
+  capped.snoozes = 2;
+  const handlers = {
+    waiting: defineHandler(z.object({}), () => {
+      throw new Snooze(60);
+    }),
+    capped: defineHandler(z.object({}), () => {
+      throw new Snooze(60, 2);
+    }),
+  };
+  const before = Date.now();
+  const summary = await drain(["default"], drainOptions(queue, { handlers }));
+  assert.deepEqual([summary.snoozed, summary.retried, summary.deadLettered], [1, 0, 1]);
+  assert.equal(queue.failures.length, 0, "a snooze is not a failure");
+  assert.deepEqual([waiting.status, waiting.attempts, waiting.snoozes], ["queued", 0, 1]);
+  assert.ok(waiting.runAfter >= before + 60_000);
+  assert.equal(capped.status, "failed");
+});
+
+Deno.test("snooze() and fail() send what the SQL functions take", async () => {
+  await withApi(() => "queued", async (queue, got) => {
+    const job = {
+      id: 4,
+      queue: "default",
+      kind: "ok",
+      payload: {},
+      attempts: 1,
+      max_attempts: 5,
+      lock_token: "tok",
+      locked_at: "",
+      locked_until: "",
+      concurrency_key: null,
+    };
+    assert.equal(await queue.snooze(job, 1.5, 100), "queued");
+    assert.equal(await queue.fail(job, "boom", true, undefined, undefined, "TypeError"), "queued");
+    assert.deepEqual(got.map(({ path, body }) => [path, body]), [
+      ["rpc/snooze", { job_id: 4, lock_token: "tok", seconds: 1.5, max_snoozes: 100 }],
+      ["rpc/fail", {
+        job_id: 4,
+        lock_token: "tok",
+        error: "boom",
+        retryable: true,
+        error_type: "TypeError",
+      }],
     ]);
   });
 });

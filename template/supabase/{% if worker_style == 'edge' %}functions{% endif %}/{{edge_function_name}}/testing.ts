@@ -37,6 +37,8 @@ export interface StoredJob extends ClaimedJob {
   runAfter: number;
   result: Json;
   progress: Json;
+  /** How many times it snoozed (snooze()). */
+  snoozes: number;
 }
 
 /** A call of completeAndClaim(), with the ids of the jobs it completed. */
@@ -85,6 +87,7 @@ export class MemoryQueue implements WorkerQueue {
       runAfter: 0,
       result: null,
       progress: null,
+      snoozes: 0,
     };
     this.jobs.push(job);
     return job;
@@ -208,8 +211,31 @@ export class MemoryQueue implements WorkerQueue {
     return Promise.resolve(true);
   }
 
-  /** Each fail() call: the job, and the delay the worker chose (undefined: the database's). */
-  failures: { id: number; retryInSeconds: number | undefined }[] = [];
+  /**
+   * snooze(): the job goes back to the queue after `seconds`, its attempt not counted; past
+   * `maxSnoozes` snoozes, to the dead letters.
+   */
+  snooze(attempt: Attempt, seconds: number, maxSnoozes: number): Promise<FailOutcome> {
+    const job = this.holder(attempt);
+    if (job === undefined) return Promise.resolve(null);
+    if (job.snoozes >= maxSnoozes) {
+      job.status = "failed";
+      job.lastError = `snoozed ${maxSnoozes} times, its cap (max_snoozes)`;
+      return Promise.resolve("failed");
+    }
+    job.snoozes += 1;
+    job.status = "queued";
+    job.attempts = Math.max(job.attempts - 1, 0);
+    job.lock_token = "";
+    job.runAfter = Date.now() + 1000 * seconds;
+    return Promise.resolve("queued");
+  }
+
+  /**
+   * Each fail() call: the job, the delay the worker chose (undefined: the database's) and the
+   * error's type.
+   */
+  failures: { id: number; retryInSeconds: number | undefined; errorType?: string }[] = [];
 
   fail(
     claimed: ClaimedJob,
@@ -217,8 +243,9 @@ export class MemoryQueue implements WorkerQueue {
     retryable: boolean,
     _signal?: AbortSignal,
     retryInSeconds?: number,
+    errorType?: string,
   ): Promise<FailOutcome> {
-    this.failures.push({ id: claimed.id, retryInSeconds });
+    this.failures.push({ id: claimed.id, retryInSeconds, errorType });
     const job = this.holder(claimed);
     if (job === undefined) return Promise.resolve(null);
     job.status = retryable && job.attempts < job.max_attempts ? "queued" : "failed";

@@ -45,6 +45,7 @@ class QueueDrain implements Drain {
     retried: 0,
     deadLettered: 0,
     released: 0,
+    snoozed: 0,
     stale: 0,
     unreported: 0,
     stoppedBy: "empty",

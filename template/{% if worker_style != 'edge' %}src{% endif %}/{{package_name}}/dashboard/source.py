@@ -83,6 +83,10 @@ class JobRow(Protocol):
     def created_at(self) -> datetime: ...
     @property
     def finished_at(self) -> datetime | None: ...
+    @property
+    def errors(self) -> Sequence[Any]: ...  # each failed attempt's, oldest first
+    @property
+    def snoozes(self) -> int: ...
 
 
 class QueueSource(Protocol):

@@ -187,9 +187,11 @@ class QueueClient(QueueFunctions):
         *,
         retryable: bool = True,
         retry_in: timedelta | None = None,
+        error_type: str | None = None,
     ) -> FailStatus | None:
-        """Record a failed attempt: 'queued' (retried later), 'failed' (dead letter), or None
-        when the token is stale."""
+        """Record a failed attempt (`error_type`: the error's type, listed with the job's
+        errors): 'queued' (retried later), 'failed' (dead letter), or None when the token is
+        stale."""
 
     @abstractmethod
     async def heartbeat_many(self, jobs: list[Job], lease_seconds: int | None = None) -> set[int]:
@@ -201,6 +203,12 @@ class QueueClient(QueueFunctions):
     @abstractmethod
     async def release(self, job: Job) -> bool:
         """Give a claimed job back to the queue without counting the attempt."""
+
+    @abstractmethod
+    async def snooze(self, job: Job, delay: timedelta, max_snoozes: int) -> FailStatus | None:
+        """Give a claimed job back to run after `delay`, without counting the attempt (a
+        Snooze): 'queued'; 'failed' when it had snoozed `max_snoozes` times already (a dead
+        letter now); None when the token is stale."""
 
     @abstractmethod
     async def progress(self, job: Job, progress: JsonText) -> bool:

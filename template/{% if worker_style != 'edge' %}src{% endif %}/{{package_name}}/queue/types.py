@@ -36,9 +36,20 @@ ON_CONFLICT: tuple[OnConflict, ...] = get_args(OnConflict)
 FailStatus = Literal["queued", "failed"]
 
 
+class AttemptError(BaseModel):
+    """The error one failed attempt of a job ended with, as `job(id)` lists it."""
+
+    attempt: int
+    at: datetime
+    worker: str | None
+    type: str | None
+    message: str
+
+
 class JobState(BaseModel):
     """One job as `job(id)` finds it, live or finished: its state, how far it got, what it
-    returned and its last error. Fields a finished job no longer has are None (a done job
+    returned, its last error and each failed attempt's (`errors`, oldest first, the newest 20),
+    and how many times it snoozed. Fields a finished job no longer has are None (a done job
     keeps no payload; one kept by batch, no priority or max_attempts)."""
 
     id: int
@@ -58,6 +69,8 @@ class JobState(BaseModel):
     locked_until: datetime | None
     created_at: datetime
     finished_at: datetime | None
+    errors: list[AttemptError] = []
+    snoozes: int = 0
 
 
 class QueueState(BaseModel):

@@ -25,19 +25,23 @@ async def report_failure(
     *,
     retryable: bool,
     started: float,
+    error_type: str | None = None,
     shown: str | None = None,
     retry_in: timedelta | None = None,
 ) -> None:
     """Record a failed attempt of `job` (its handler started at `started`, a time.monotonic()
-    reading) with `error`; counted retried, dead, or lost when its token was stale (the job
-    was taken back). With `shown`, the job fails for good and `shown` is the message its owner
-    reads in my_jobs. A retried job runs again after `retry_in`, or the database's backoff()."""
+    reading) with `error`, of type `error_type` (both listed with the job's errors); counted
+    retried, dead, or lost when its token was stale (the job was taken back). With `shown`, the
+    job fails for good and `shown` is the message its owner reads in my_jobs. A retried job
+    runs again after `retry_in`, or the database's backoff()."""
     queue = context.queue
 
     async def fail() -> str | None:
         if shown is not None:
             return await queue.fail_user_facing(job.id, job.lock_token, shown)
-        return await queue.fail(job, error, retryable=retryable, retry_in=retry_in)
+        return await queue.fail(
+            job, error, retryable=retryable, retry_in=retry_in, error_type=error_type
+        )
 
     try:
         status = await report(fail, context)

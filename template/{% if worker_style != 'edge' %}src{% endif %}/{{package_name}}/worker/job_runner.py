@@ -6,7 +6,8 @@ the outcome goes back to the queue: success, with the handler's result, to the b
 completions; a failure to fail() with the error (the queue decides between a retry and the
 dead letters; a retry comes after the delay a RetryAfter names, else after the kind's own
 Backoff, else after the database's backoff()); a UserFacingError to fail_user_facing() (the
-job's owner reads its message); a job still running at shutdown to release(). A result that
+job's owner reads its message); a Snooze to snooze() (run again later, the attempt not
+counted); a job still running at shutdown to release(). A result that
 is not JSON or is over max_result_bytes fails its job for good (queue/results.py). The
 handler's progress reports go to the queue as it makes them, with the job's lock token.
 """
@@ -30,6 +31,7 @@ from ..registry import (
     PermanentError,
     Registration,
     RetryAfter,
+    Snooze,
     UserFacingError,
     describe_validation_error,
 )
@@ -38,6 +40,7 @@ from .context import WorkerContext
 from .failures import report_failure
 from .leases import LeaseKeeper, StopReason
 from .logs import describe_exception, describe_failure, job_fields, ms_since
+from .metrics import Outcome
 from .reports import NotReported, report
 
 log = logging.getLogger(__name__)
@@ -115,13 +118,13 @@ class JobRunner:
             log.info("job started", extra={"event": "job.start", **job_fields(job)})
         if job.payload_error is not None:
             error = f"invalid payload for {job.kind!r}: {job.payload_error}"
-            await self._fail(job, error, retryable=False, started=started)
+            await self._fail(job, error, "InvalidPayload", retryable=False, started=started)
             return
         try:
             payload = registration.payload_model.model_validate(job.payload)
         except ValidationError as exc:
             error = f"invalid payload for {job.kind!r}: {describe_validation_error(exc)}"
-            await self._fail(job, error, retryable=False, started=started)
+            await self._fail(job, error, "InvalidPayload", retryable=False, started=started)
             return
         info = self._info(job, owner)
         tracing, began = self.context.tracing, time.monotonic()
@@ -144,22 +147,36 @@ class JobRunner:
             task.uncancel()
             await self._stopped(job, reason, registration, started)
             return
-        except PermanentError as exc:
-            await self._fail(job, *_permanent_error(exc), retryable=False, started=started)
-            return
         except Exception as exc:
-            retry_in = _retry_in(registration, job, exc)
-            # a delay the handler chose is no surprise: its message alone
-            chosen = isinstance(exc, RetryAfter)
-            error = describe_exception(exc) if chosen else describe_failure(exc)
-            await self._fail(job, error, retryable=True, started=started, retry_in=retry_in)
+            await self._raised(job, registration, exc, started)
             return
         try:
             result = None if returned is None else self._result(job, returned)
         except NotStorable as exc:
-            await self._fail(job, str(exc), retryable=False, started=started)
+            await self._fail(job, str(exc), "NotStorable", retryable=False, started=started)
             return
         self.completions.add(job, started, result, self.keeper.lease_ends(task))
+
+    async def _raised(
+        self, job: Job, registration: Registration, exc: Exception, started: float
+    ) -> None:
+        """The handler of `job` raised `exc`: a Snooze runs the job later, its attempt not
+        counted; a PermanentError fails it for good; any other error fails the attempt, retried
+        after the delay a RetryAfter names, else after the kind's own Backoff."""
+        if isinstance(exc, Snooze):
+            await self._snooze(job, exc)
+            return
+        if isinstance(exc, PermanentError):
+            error, shown = _permanent_error(exc)
+            await self._fail(job, error, _type_name(exc), shown, retryable=False, started=started)
+            return
+        retry_in = _retry_in(registration, job, exc)
+        # a delay the handler chose is no surprise: its message alone
+        chosen = isinstance(exc, RetryAfter)
+        error = describe_exception(exc) if chosen else describe_failure(exc)
+        await self._fail(
+            job, error, _type_name(exc), retryable=True, started=started, retry_in=retry_in
+        )
 
     def _info(self, job: Job, owner: str | None) -> JobInfo:
         """What the handler of `job` is told about it (`owner`: who submitted it, if a user)."""
@@ -191,7 +208,9 @@ class JobRunner:
         if reason == "timeout":
             error = f"TimeoutError: timed out after {registration.timeout:g}s"
             retry_in = _retry_in(registration, job)
-            await self._fail(job, error, retryable=True, started=started, retry_in=retry_in)
+            await self._fail(
+                job, error, "TimeoutError", retryable=True, started=started, retry_in=retry_in
+            )
             return
         self.context.metrics.finished([job], "lost")
         log.error(
@@ -232,10 +251,40 @@ class JobRunner:
             extra={"event": "job.released", "released": bool(released), **job_fields(job)},
         )
 
+    async def _snooze(self, job: Job, snooze: Snooze) -> None:
+        """Hand the job back to run after the delay its handler asked for, its attempt not
+        counted (past its max_snoozes, the queue dead-letters it instead)."""
+        try:
+            status = await report(
+                lambda: self.context.queue.snooze(job, snooze.delay, snooze.max_snoozes),
+                self.context,
+            )
+        except NotReported as exc:
+            log.warning(
+                "job not snoozed: the queue was unavailable; the sweeper takes it back when "
+                "its lease runs out",
+                extra={"event": "job.unreported", "cause": str(exc), **job_fields(job)},
+            )
+            return
+        outcome: Outcome = (
+            "snoozed" if status == "queued" else "dead" if status == "failed" else "lost"
+        )
+        self.context.metrics.finished([job], outcome)
+        log.log(
+            logging.ERROR if outcome == "dead" else logging.INFO,
+            "job snoozed" if outcome == "snoozed" else "job snoozed past its max_snoozes",
+            extra={
+                "event": f"job.{outcome}",
+                "snooze_seconds": snooze.delay.total_seconds(),
+                **job_fields(job),
+            },
+        )
+
     async def _fail(
         self,
         job: Job,
         error: str,
+        error_type: str,
         shown: str | None = None,
         *,
         retryable: bool,
@@ -246,6 +295,7 @@ class JobRunner:
             self.context,
             job,
             error,
+            error_type=error_type,
             retryable=retryable,
             started=started,
             shown=shown,
@@ -262,6 +312,12 @@ def _retry_in(
         return error.delay
     backoff = registration.backoff
     return None if backoff is None else backoff.delay(job.attempts)
+
+
+def _type_name(exc: BaseException) -> str:
+    """The error's type as its attempt records it: its class's name, as describe_exception()
+    begins the message (`KeyError`, `HTTPStatusError`)."""
+    return type(exc).__name__
 
 
 def _permanent_error(exc: PermanentError) -> tuple[str, str | None]:

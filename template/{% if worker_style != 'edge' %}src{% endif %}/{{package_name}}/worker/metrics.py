@@ -30,7 +30,7 @@ from prometheus_client.utils import floatToGoString
 from ..queue import Job
 
 # What became of a claimed job, as Worker.counts names it.
-Outcome = Literal["done", "retried", "dead", "lost", "released"]
+Outcome = Literal["done", "retried", "dead", "lost", "released", "snoozed"]
 # What sent the worker looking for jobs: a NOTIFY (postgres transport), a POST /wake
 # (python-http), or its own timer (an idle wait that ran out, or the idle poll).
 WakeupSource = Literal["notify", "http", "poll"]
@@ -130,12 +130,17 @@ class WorkerMetrics:
             "pgqueue_worker_jobs_released",
             "Jobs still running at shutdown, handed back to the queue.",
         )
+        snoozed = counter(
+            "pgqueue_worker_jobs_snoozed",
+            "Jobs whose handler asked to run them again later (Snooze), the attempt not counted.",
+        )
         self._outcomes: dict[Outcome, tuple[Counter, ...]] = {
             "done": (done,),
             "retried": (retried, failed),
             "dead": (dead, failed),
             "lost": (lost,),
             "released": (released,),
+            "snoozed": (snoozed,),
         }
         self._by_kind: dict[tuple[str, str], _Series] = {}
         self.registry.register(_HandlerDurationsCollector(self._by_kind))
