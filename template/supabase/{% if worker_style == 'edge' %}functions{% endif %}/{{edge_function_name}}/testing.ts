@@ -3,9 +3,9 @@
 // and against a database drainQueue() (testing_drain.ts; queueClock() is imported from
 // testing_clock.ts), shown in README.md. For the machinery's tests: an in-memory queue that
 // follows the SQL functions' rules for claims, leases, lock tokens, attempts, results and
-// progress, a Data API that records what it is sent (withApi), and the handlers, options and
-// waits the drain's tests share; with the clock that tests move and the CPU meter handlers
-// spend on (fakes.ts).
+// progress, a Data API that records what it is sent (withApi, testing_api.ts), and the
+// handlers, options and waits the drain's tests share; with the clock that tests move and the
+// CPU meter handlers spend on (fakes.ts).
 import assert from "node:assert/strict";
 import { z } from "zod";
 import { defineHandler, type HandlerMap, PermanentError } from "./job.ts";
@@ -18,7 +18,6 @@ import {
   type Json,
   MAX_RESULT_BYTES,
   QueueError,
-  supabaseQueue,
   TOO_BIG,
   type WorkerQueue,
 } from "./queue.ts";
@@ -29,6 +28,8 @@ export * from "./testing_run.ts";
 export * from "./testing_enqueue.ts";
 // For your tests against a database (db_tests/): a queue drained through the handlers.
 export * from "./testing_drain.ts";
+// For the queue client's tests: a Data API that records what it is sent.
+export * from "./testing_api.ts";
 
 export interface StoredJob extends ClaimedJob {
   status: "queued" | "running" | "done" | "failed";
@@ -356,49 +357,4 @@ export async function settledOrFail<T>(done: Promise<T>, what: string): Promise<
   await settle();
   if (settledValue === undefined) throw new assert.AssertionError({ message: what });
   return settledValue.value;
-}
-
-export interface Received {
-  method: string;
-  path: string;
-  schema: string | null;
-  body: unknown;
-}
-
-/**
- * A Data API on 127.0.0.1 that records each request and answers with `answer(path)`: a body
- * (200, JSON), or a Response.
- */
-export async function withApi(
-  answer: (path: string) => unknown,
-  test: (queue: ReturnType<typeof supabaseQueue>, got: Received[]) => Promise<void>,
-) {
-  const got: Received[] = [];
-  const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen() {} }, async (request) => {
-    const url = new URL(request.url);
-    const path = url.pathname.replace("/rest/v1/", "") + url.search;
-    got.push({
-      method: request.method,
-      path,
-      schema: request.headers.get("content-profile") ?? request.headers.get("accept-profile"),
-      body: request.method === "POST" ? await request.json() : null,
-    });
-    const body = answer(path);
-    if (body instanceof Response) return body;
-    return body === undefined
-      ? new Response(null, { status: 204 })
-      : Response.json(body, { status: 200 });
-  });
-  try {
-    await test(
-      supabaseQueue({
-        supabaseUrl: `http://127.0.0.1:${server.addr.port}`,
-        serviceKeys: ["service-key"],
-        schema: "jobs_schema",
-      }),
-      got,
-    );
-  } finally {
-    await server.shutdown();
-  }
 }
