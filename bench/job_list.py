@@ -25,6 +25,8 @@ from typing import Any
 
 import psycopg
 
+from testkit.plans import plans_logged
+
 from .queue_sql import reset, state_tables
 from .stack import SCHEMA, Stack, wait_idle_autovacuum
 
@@ -147,16 +149,8 @@ def _call(conn: psycopg.Connection, sql: str, args: dict[str, Any]) -> float:
 
 def _indexes(conn: psycopg.Connection, sql: str, args: dict[str, Any]) -> list[str]:
     """The tables and indexes the plans of the statements `sql` runs read (auto_explain)."""
-    plans: list[str] = []
-    conn.add_notice_handler(lambda notice: plans.append(notice.message_primary or ""))
-    conn.execute(
-        "load 'auto_explain'; set auto_explain.log_min_duration = 0;"
-        " set auto_explain.log_nested_statements = on; set client_min_messages = log"
-    )
-    try:
+    with plans_logged(conn) as plans:
         conn.execute(sql, args).fetchall()
-    finally:
-        conn.execute("reset client_min_messages; set auto_explain.log_min_duration = -1")
     text = "\n".join(plans)
     scans = re.findall(r"((?:Index Only|Index|Bitmap Index|Seq) Scan(?: Backward)? \w+ \w+)", text)
     return sorted(set(scans))

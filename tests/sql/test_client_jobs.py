@@ -15,8 +15,8 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from testkit.plans import plans_logged
 from testkit.postgrest import PostgRESTStandIn, make_jwt
-from tests.support.plans import plans_logged
 
 PUBLIC = "pgqueue_public"
 KIND = "export_data"

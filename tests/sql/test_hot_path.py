@@ -14,9 +14,9 @@ import pytest
 from psycopg.rows import dict_row
 
 from testkit.cluster import Cluster
+from testkit.plans import plans_logged
 from tests.sql.test_queue import AS_ROWS, enqueue_n, expire_lease
 from tests.support.jobs import job
-from tests.support.plans import plans_logged
 
 
 def complete_and_claim(

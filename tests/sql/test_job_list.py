@@ -14,7 +14,7 @@ import pytest
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from tests.support.plans import plans_logged
+from testkit.plans import plans_logged
 
 STATUSES = ("queued", "running", "done", "failed", "cancelled")
 FINISHED = ("done", "failed", "cancelled")

@@ -15,10 +15,10 @@ import pytest
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from testkit.plans import plans_logged
 from testkit.project import REPO
 from tests.sql.test_hot_path import complete_and_claim
 from tests.sql.test_queue import AS_ROWS, enqueue_n, expire_lease
-from tests.support.plans import plans_logged
 
 TRACE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 OTHER_TRACE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"

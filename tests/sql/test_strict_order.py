@@ -15,10 +15,10 @@ import pytest
 from psycopg.rows import dict_row
 
 from testkit.cluster import Cluster
+from testkit.plans import plans_logged
 from tests.sql.test_hot_path import complete_and_claim
 from tests.sql.test_queue import enqueue_n
 from tests.support.jobs import job_by_id
-from tests.support.plans import plans_logged
 
 
 def ids_of(claimed: list[dict]) -> list[int]:

@@ -1,5 +1,6 @@
-"""The query plans of what a block of test code runs: auto_explain, nested statements (those a
-function runs) included, for the tests that a statement reads a table through its index."""
+"""The query plans of what a block of code runs: auto_explain, nested statements (those a
+function runs) included, for the tests that a statement reads a table through its index and
+the benchmarks that print which indexes a statement reads (bench/job_list.py)."""
 
 from __future__ import annotations
 
