@@ -41,9 +41,13 @@ STALE = "20261207000000_pgqueue_1_1_0.sql"
 REPAIR = "20261207000001_pgqueue_repair.sql"
 # what 1.1.0 added after that commit, which its workers call or the claim reads
 ADDED_AFTER = ("checkout(text)", "take_rows(text,text,integer,text[],integer)")
-# the step of a release after 1.3.0, as template/ names it: rendered for 1.3.0's projects
-STEP_FROM_1_3_0 = re.compile(
-    r"^\{% if queue_baseline in \[[^\]]*'1\.3\.0'[^\]]*\] %\}(?P<name>.+)\{% endif"
+# the newest release (the tests tag the releases as they are, and HEAD comes after it)
+NEWEST = list(RELEASES)[-1]
+# the step of a release after the newest, as template/ names it: rendered for its projects
+STEP_FROM_NEWEST = re.compile(
+    r"^\{% if queue_baseline in \[[^\]]*'"
+    + re.escape(NEWEST)
+    + r"'[^\]]*\] %\}(?P<name>.+)\{% endif"
 )
 
 spec = importlib.util.spec_from_file_location(
@@ -74,15 +78,15 @@ def said(done: subprocess.CompletedProcess) -> list[str]:
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The template as users clone it: the releases tagged (v1.0.0 to v1.3.0, the first with the
-    check), the working tree on top, and one commit after it as HEAD."""
+    """The template as users clone it: the releases tagged (v1.0.0 to the newest; v1.3.0 was the
+    first with the check), the working tree on top, and one commit after it as HEAD."""
     repo = snapshot_with_history(tmp_path_factory.mktemp("history") / "template")
     for version, commit in RELEASES.items():
         if version != "0.1.0":
             run(["git", "tag", "-f", f"v{version}", commit], cwd=repo)
     readme = repo / "template/README.md.jinja"
-    readme.write_text(readme.read_text() + "\nA line after release 1.3.0.\n")
-    commit_everything(repo, "after 1.3.0")
+    readme.write_text(readme.read_text() + f"\nA line after release {NEWEST}.\n")
+    commit_everything(repo, f"after {NEWEST}")
     return repo
 
 
@@ -193,14 +197,14 @@ def test_a_project_from_a_development_commit_is_repaired_on_update(
         assert missing(cluster, schema) == list(ADDED_AFTER), "what the issue found"
 
         done = update(project, to)
-        # HEAD is commits after the newest release's tag: 1.3.0.post<n>...
-        version = r"1\.3\.0\.post\d" if to else r"1\.3\.0\n"
+        # HEAD is commits after the newest release's tag: 1.4.0.post<n>...
+        version = re.escape(NEWEST) + (r"\.post\d" if to else r"\n")
         assert re.search(f"Updating to template version {version}", done.stderr), done.stderr
         head = run(["git", "rev-parse", "--short=7", "HEAD"], cwd=template).strip()
         assert said(done) == [
             f"pgqueue-template: {MIGRATIONS}/{REPAIR} repairs the queue migration this project "
             f"got from template commit {DEVELOPMENT_COMMIT}, not a release, to what "
-            f"{f'commit {head}' if to else 'release 1.3.0'} has."
+            f"{f'commit {head}' if to else f'release {NEWEST}'} has."
         ], done.stderr
         assert (project / MIGRATIONS / stale).read_text() == development, "never rewritten"
         repair = (project / MIGRATIONS / REPAIR).read_text()
@@ -218,7 +222,7 @@ def test_a_project_from_a_development_commit_is_repaired_on_update(
         assert_the_queue_works(cluster, schema)
     finally:
         cluster.destroy()
-    fresh = fresh_schema(template, tmp_path, to or "v1.3.0", **answers)
+    fresh = fresh_schema(template, tmp_path, to or f"v{NEWEST}", **answers)
     assert differences(fresh, upgraded) == []
 
     # the next update knows the repair: nothing more to add, nothing said
@@ -230,11 +234,11 @@ def test_a_project_from_a_development_commit_is_repaired_on_update(
 def test_a_development_commit_with_the_releases_migrations_updates_without_a_word(
     template: Path, tmp_path: Path
 ) -> None:
-    """A copy of a development commit that has 1.3.0's migrations, as released (the one before
-    the release's tag): nothing to repair, nothing said, nothing added but what an answer
-    changed asks for; compared with the answers it was rendered with, not the lease changed
-    since."""
-    project = copy_at(template, "v1.3.0~1", tmp_path / "app")
+    """A copy of a development commit that has the newest release's migrations, as released
+    (the one before the release's tag): nothing to repair, nothing said, nothing added but what
+    an answer changed asks for; compared with the answers it was rendered with, not the lease
+    changed since."""
+    project = copy_at(template, f"v{NEWEST}~1", tmp_path / "app")
     (commit,) = re.findall(r"^_commit: (\S+)$", (project / ".copier-answers.yml").read_text(), re.M)
     assert hook.unreleased(template, [commit]) == [commit], "the check looks at it"
     migrations = sorted(p.name for p in (project / MIGRATIONS).iterdir())
@@ -245,9 +249,9 @@ def test_a_development_commit_with_the_releases_migrations_updates_without_a_wor
     commit_everything(project, "lease 600")
     done = copier("update", "--trust", "--defaults", "--vcs-ref", "HEAD", cwd=project)
     assert said(done) == []
-    # and the steps of releases after 1.3.0 that HEAD has, as for any 1.3.0 project
+    # and the steps of releases after the newest that HEAD has, as for any of its projects
     later = [m["name"] for p in (REPO / "template" / MIGRATIONS).iterdir()
-             if (m := STEP_FROM_1_3_0.match(p.name))]  # fmt: skip
+             if (m := STEP_FROM_NEWEST.match(p.name))]  # fmt: skip
     assert sorted(p.name for p in (project / MIGRATIONS).iterdir()) == sorted(
         [*migrations, config, *later]
     )
