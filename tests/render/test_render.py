@@ -454,7 +454,7 @@ def test_the_databases_messages_name_the_templates_pages_by_url(
 ) -> None:
     """docs/ is the template repo's, not the project's: a notice or error of the queue's
     migrations and functions that points there gives the full URL."""
-    for baseline in ("0.1.0", "1.0.0", "1.1.0", "1.2.0", "1.3.0", "1.4.0"):
+    for baseline in ("0.1.0", "1.0.0", "1.1.0", "1.2.0", "1.3.0", "1.4.0", "1.5.0"):
         project = render(template, tmp_path / baseline, queue_baseline=baseline)
         for migration in (project / "supabase/migrations").glob("*.sql"):
             code = re.sub(r"--[^\n]*", "", migration.read_text())

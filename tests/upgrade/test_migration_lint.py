@@ -24,15 +24,18 @@ SQUAWK = Path(sys.executable).parent / "squawk"
 # or the steps since
 STEP_1_3_0 = "20261209000000_pgqueue_1_3_0_readable.sql"
 STEP_1_4_0 = "20261210000000_pgqueue_1_4_0_toolkit.sql"
+STEP_1_5_0 = "20261211000000_pgqueue_1_5_0_workflows.sql"
 RELEASE_MIGRATIONS = {
-    "1.4.0": set(baseline_migrations("1.4.0")),
-    "1.3.0": {*baseline_migrations("1.3.0"), STEP_1_4_0},
-    "1.2.0": {"20261208000000_pgqueue_1_2_0.sql", STEP_1_3_0, STEP_1_4_0},
+    "1.5.0": set(baseline_migrations("1.5.0")),
+    "1.4.0": {*baseline_migrations("1.4.0"), STEP_1_5_0},
+    "1.3.0": {*baseline_migrations("1.3.0"), STEP_1_4_0, STEP_1_5_0},
+    "1.2.0": {"20261208000000_pgqueue_1_2_0.sql", STEP_1_3_0, STEP_1_4_0, STEP_1_5_0},
     "1.1.0": {
         "20261207000000_pgqueue_1_1_0.sql",
         "20261208000000_pgqueue_1_2_0_security.sql",
         STEP_1_3_0,
         STEP_1_4_0,
+        STEP_1_5_0,
     },
     "1.0.0": {
         "20261206000000_pgqueue_1_0_0.sql",
@@ -40,6 +43,7 @@ RELEASE_MIGRATIONS = {
         "20261208000000_pgqueue_1_2_0_security.sql",
         STEP_1_3_0,
         STEP_1_4_0,
+        STEP_1_5_0,
     },
     "0.1.0": {
         "20261206000000_pgqueue_1_0_0_from_0_1_0.sql",
@@ -47,6 +51,7 @@ RELEASE_MIGRATIONS = {
         "20261208000000_pgqueue_1_2_0_security.sql",
         STEP_1_3_0,
         STEP_1_4_0,
+        STEP_1_5_0,
     },
 }
 

@@ -28,11 +28,11 @@ from tests.support.releases import RELEASE_ANSWERS, fill_queue
 from tests.support.schema import differences, queue_schema
 
 MIGRATIONS = "supabase/migrations"
-# a new project's migrations: 1.4.0's baseline, by topic, in the order they apply
+# a new project's migrations: 1.5.0's baseline, by topic, in the order they apply
 BASELINE_TOPICS = ["tables", "enqueue", "claim", "running_jobs", "failure", "flow_control",
                    "jobs_and_results", "observability", "client_jobs", "configuration"]  # fmt: skip
 BASELINE = [
-    f"20261210{i:06d}_pgqueue_1_4_0_{topic}.sql" for i, topic in enumerate(BASELINE_TOPICS, 1)
+    f"20261211{i:06d}_pgqueue_1_5_0_{topic}.sql" for i, topic in enumerate(BASELINE_TOPICS, 1)
 ]
 # `create [or replace] <kind> [if not exists] <schema>.<name>`, and `create trigger <name>`
 DEFINITION = re.compile(

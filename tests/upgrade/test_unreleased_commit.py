@@ -319,7 +319,7 @@ def refused_then_repaired(
     # steps 2 and 3: the project's own migration, marked
     marker = re.search(r"^ +(-- pgqueue-template repair: .*)$", refused.stderr, re.M)[1]
     digest = hashlib.sha256(text).hexdigest()
-    (project / MIGRATIONS / "20261211000000_drop_notes.sql").write_text(
+    (project / MIGRATIONS / "20261220000000_drop_notes.sql").write_text(
         re.sub(r"<sha256sum of [^>]+>", digest, marker) + "\ndrop table pgqueue.notes;\n"
     )
     commit_everything(project, "our repair")

@@ -47,14 +47,15 @@ from tests.support.releases import EMAIL, RELEASE_ANSWERS, fill_queue
 # The migrations a new project's queue starts from (each table, view and function once).
 BASELINE = baseline_migrations()
 # What a project created at 0.1.0 gets instead: one step per release since, from 0.1.0's queue
-# to 1.0.0's, from 1.0.0's to 1.1.0's, from 1.1.0's to 1.2.0's, from 1.2.0's to 1.3.0's and
-# from 1.3.0's to 1.4.0's.
+# to 1.0.0's, from 1.0.0's to 1.1.0's, from 1.1.0's to 1.2.0's, from 1.2.0's to 1.3.0's, from
+# 1.3.0's to 1.4.0's and from 1.4.0's to 1.5.0's.
 STEPS = {
     "20261206000000_pgqueue_1_0_0_from_0_1_0.sql",
     "20261207000000_pgqueue_1_1_0_client_jobs.sql",
     "20261208000000_pgqueue_1_2_0_security.sql",
     "20261209000000_pgqueue_1_3_0_readable.sql",
     "20261210000000_pgqueue_1_4_0_toolkit.sql",
+    "20261211000000_pgqueue_1_5_0_workflows.sql",
 }
 MIGRATIONS = "template/supabase/migrations"
 
@@ -422,8 +423,9 @@ def test_update_excludes_every_baseline_migration_and_no_step() -> None:
     names = re.compile(r"^\{% if queue_baseline == [^%]+%\}(?P<name>.+)\{% endif")
     found = {m["name"] for p in (REPO / MIGRATIONS).iterdir() if (m := names.match(p.name))}
     baselines = found - STEPS
-    # 0.1.0's four files, 1.0.0's, 1.1.0's and 1.2.0's one, 1.3.0's ten, and the current one's
-    assert len(baselines) == 4 + 1 + 1 + 1 + 10 + len(BASELINE), sorted(baselines)
+    # 0.1.0's four files, 1.0.0's, 1.1.0's and 1.2.0's one, 1.3.0's and 1.4.0's ten, and the
+    # current one's
+    assert len(baselines) == 4 + 1 + 1 + 1 + 10 + 10 + len(BASELINE), sorted(baselines)
     migrations = "supabase/migrations/"
     assert [b for b in sorted(baselines) if not spec.match_file(migrations + b)] == []
     assert [s for s in sorted(STEPS) if spec.match_file(migrations + s)] == []
