@@ -59,8 +59,18 @@ export function testQueueName(): string {
   return `test-${crypto.randomUUID().replaceAll("-", "").slice(0, 12)}`;
 }
 
-/** What a drained job ended as (`failed`: dead-lettered; `retried`: queued for a retry). */
-export type DrainOutcome = "done" | "retried" | "failed" | "released" | "cancelled" | "running";
+/**
+ * What a drained job ended as (`failed`: dead-lettered; `retried`: queued for a retry;
+ * `snoozed`: its handler threw a Snooze, and it is queued for later, its attempt not counted).
+ */
+export type DrainOutcome =
+  | "done"
+  | "retried"
+  | "snoozed"
+  | "failed"
+  | "released"
+  | "cancelled"
+  | "running";
 
 export interface DrainedJob {
   id: number;
@@ -72,7 +82,7 @@ export interface DrainedJob {
   result: Json;
   /** The last attempt's error (the job's last_error). */
   error: string | null;
-  /** When a retried or released job is due again; null once it finished. */
+  /** When a retried, snoozed or released job is due again; null once it finished. */
   runAfter: Date | null;
 }
 
@@ -108,9 +118,10 @@ export async function drainQueue(
   const client = supabaseQueue(connection);
   const claimed = new Map<number, string>();
   const released = new Set<number>();
+  const snoozed = new Set<number>();
   const timeoutMs = options.timeoutMs ?? 30_000;
   const summary = await startDrain([queue], {
-    queue: recording(client, claimed, released),
+    queue: recording(client, claimed, released, snoozed),
     handlers: options.handlers ?? projectHandlers,
     workerId: `drainQueue:${crypto.randomUUID().slice(0, 8)}`,
     batchSize: options.batchSize ?? 5,
@@ -125,7 +136,8 @@ export async function drainQueue(
   }
   const ended = [];
   for (const id of [...claimed.keys()].sort((a, b) => a - b)) {
-    ended.push(await endedAs(client, id, claimed.get(id)!, released.has(id)));
+    const handedBack = released.has(id) ? "released" : snoozed.has(id) ? "snoozed" : "retried";
+    ended.push(await endedAs(client, id, claimed.get(id)!, handedBack));
   }
   if (released.size > 0 || summary.stoppedBy !== "empty") {
     throw new DrainTimedOut(timedOut(queue, timeoutMs, ended), ended);
@@ -133,11 +145,12 @@ export async function drainQueue(
   return ended;
 }
 
-/** `queue`, recording the jobs each claim took and those handed back. */
+/** `queue`, recording the jobs each claim took and those handed back or snoozed. */
 function recording(
   queue: WorkerQueue,
   claimed: Map<number, string>,
   released: Set<number>,
+  snoozed: Set<number>,
 ): WorkerQueue {
   return {
     ...queue,
@@ -151,6 +164,11 @@ function recording(
       if (handedBack) released.add(attempt.id);
       return handedBack;
     },
+    snooze: async (attempt, seconds, maxSnoozes, signal) => {
+      const outcome = await queue.snooze(attempt, seconds, maxSnoozes, signal);
+      if (outcome === "queued") snoozed.add(attempt.id);
+      return outcome;
+    },
   };
 }
 
@@ -158,13 +176,13 @@ async function endedAs(
   queue: Queue,
   id: number,
   kind: string,
-  released: boolean,
+  queued: "released" | "snoozed" | "retried",
 ): Promise<DrainedJob> {
   const job = await queue.job(id);
   if (job === null) throw new Error(`job ${id} (${kind}) is gone before drainQueue read it`);
   const outcomes: Record<string, DrainOutcome> = {
     done: "done",
-    queued: released ? "released" : "retried",
+    queued,
     failed: "failed",
     cancelled: "cancelled",
     running: "running",

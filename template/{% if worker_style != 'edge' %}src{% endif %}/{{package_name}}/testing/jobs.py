@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from ..queue import QueueClient, open_queue
+from ..queue import FailStatus, Job, QueueClient, open_queue
 from ..queue.functions import Filter
 from ..registry import Registry, load_handlers
 from ..settings import Settings
@@ -95,9 +95,10 @@ def not_found(wanted: JobFilter, enqueued: list[EnqueuedJob]) -> str:
 
 
 # What a drained job ended as: done (its result kept), failed (an attempt failed and the job
-# waits for its next one), dead (dead-lettered), cancelled, queued (not run: not due yet),
-# running (still running when the drain gave up).
-Outcome = Literal["done", "failed", "dead", "cancelled", "queued", "running"]
+# waits for its next one), snoozed (its handler raised Snooze: it waits, its attempt not
+# counted), dead (dead-lettered), cancelled, queued (not run: not due yet), running (still
+# running when the drain gave up).
+Outcome = Literal["done", "failed", "snoozed", "dead", "cancelled", "queued", "running"]
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,9 @@ class Ended:
     run_after: datetime | None = None
 
 
-def _outcome(status: str, attempts: int, error: str | None) -> Outcome:
+def _outcome(status: str, attempts: int, error: str | None, snoozed: bool) -> Outcome:
+    if status == "queued" and snoozed:
+        return "snoozed"
     if status == "queued":
         return "failed" if attempts > 0 and error is not None else "queued"
     statuses: dict[str, Outcome] = {
@@ -138,6 +141,7 @@ async def drain(
         before = await queue.read("all_jobs", columns=["id"], where=on_queue)
         seen = max((row["id"] for row in before), default=0)
         waiting = {job.id for job in await live_jobs(queue, settings.queue)}
+        snoozed = _recording_snoozes(queue)
         worker = Worker(queue, settings, registry if registry is not None else load_handlers())
         draining = asyncio.create_task(worker.drain())
         done, _ = await asyncio.wait([draining], timeout=timeout)
@@ -153,19 +157,34 @@ async def drain(
         await draining
         after = await queue.read("all_jobs", columns=["id"], where=[*on_queue, ("id", "gt", seen)])
         ids = sorted(waiting | {row["id"] for row in after})
-        return [await _ended(queue, job_id) for job_id in ids]
+        return [await _ended(queue, job_id, job_id in snoozed) for job_id in ids]
     finally:
         await queue.close()
 
 
-async def _ended(queue: QueueClient, job_id: int) -> Ended:
+def _recording_snoozes(queue: QueueClient) -> set[int]:
+    """The ids of the jobs `queue`'s snooze() hands back to wait, from now on."""
+    snoozed: set[int] = set()
+    snooze = queue.snooze
+
+    async def recorded(job: Job, delay: timedelta, max_snoozes: int) -> FailStatus | None:
+        status = await snooze(job, delay, max_snoozes)
+        if status == "queued":
+            snoozed.add(job.id)
+        return status
+
+    queue.snooze = recorded  # type: ignore[method-assign]
+    return snoozed
+
+
+async def _ended(queue: QueueClient, job_id: int, snoozed: bool) -> Ended:
     state = await queue.job(job_id)
     if state is None:
         raise AssertionError(f"job {job_id} is gone (pruned?) before its outcome was read")
     return Ended(
         state.id,
         state.kind,
-        _outcome(state.status, state.attempts, state.last_error),
+        _outcome(state.status, state.attempts, state.last_error, snoozed),
         state.attempts,
         state.result,
         state.last_error,

@@ -2,6 +2,8 @@
 // against the database"): the project's handlers run by the worker's own drain through the
 // Data API, each test on a queue of its own.
 import assert from "node:assert/strict";
+import { z } from "zod";
+import { defineHandler, Snooze } from "../job.ts";
 import { drainQueue, testQueueName, testStack } from "../testing.ts";
 import { queueClock } from "../testing_clock.ts";
 
@@ -44,4 +46,26 @@ Deno.test("a webhook whose receiver is down is retried, then sent after its back
   } finally {
     await receiver.shutdown();
   }
+});
+
+Deno.test("a job whose handler snoozes is run again once the clock reaches its time", async () => {
+  // a report that is not ready until the second run: the first snoozes for 5 minutes
+  let runs = 0;
+  const handlers = {
+    build_report: defineHandler(z.object({ month: z.string() }), ({ month }) => {
+      runs += 1;
+      if (runs === 1) throw new Snooze(300);
+      return { month, rows: 42 };
+    }),
+  };
+  const queue = testQueueName();
+  await testStack().queue.enqueue("build_report", { month: "2026-11" }, { queue });
+  const [first] = await drainQueue(queue, { handlers });
+  assert.equal(first.outcome, "snoozed");
+  assert.equal(first.attempts, 0, "a snooze spends no attempt");
+  assert.ok(first.runAfter && first.runAfter.getTime() - Date.now() > 290_000);
+  assert.deepEqual(await drainQueue(queue, { handlers }), [], "not due yet");
+  assert.equal(await queueClock(queue).advance(300), 1);
+  const [second] = await drainQueue(queue, { handlers });
+  assert.deepEqual([second.outcome, second.result], ["done", { month: "2026-11", rows: 42 }]);
 });
