@@ -11,6 +11,7 @@
 // The stack is read from the names `supabase status -o env` prints (API_URL, SERVICE_ROLE_KEY;
 // SUPABASE_URL and SUPABASE_SERVICE_ROLE_KEY first, when set). A drain still going after its
 // timeout fails the test with DrainTimedOut, naming each job and what it ended as.
+import { dataApi, rowsOf } from "./data_api.ts";
 import { handlers as projectHandlers } from "./handlers/mod.ts";
 import type { HandlerMap } from "./job.ts";
 import {
@@ -61,10 +62,12 @@ export function testQueueName(): string {
 
 /**
  * What a drained job ended as (`failed`: dead-lettered; `retried`: queued for a retry;
- * `snoozed`: its handler threw a Snooze, and it is queued for later, its attempt not counted).
+ * `snoozed`: its handler threw a Snooze, and it is queued for later, its attempt not counted;
+ * `queued`: not run, waiting in the queue: not due yet, or of a kind no handler runs).
  */
 export type DrainOutcome =
   | "done"
+  | "queued"
   | "retried"
   | "snoozed"
   | "failed"
@@ -107,8 +110,9 @@ export class DrainTimedOut extends Error {
 
 /**
  * Runs the due jobs of `queue` (and those their handlers enqueue there) through the handlers,
- * until none is due; what each job it claimed ended as, by id. A retried job waits for its
- * backoff, so it is not run again: queueClock().advance() makes it due.
+ * until none is due; what each job it claimed ended as, and each job it left waiting in the
+ * queue (`queued`: not due yet, or of a kind no handler runs), by id. A retried job waits for
+ * its backoff, so it is not run again: queueClock().advance() makes it due.
  */
 export async function drainQueue(
   queue: string,
@@ -134,15 +138,34 @@ export async function drainQueue(
   if (summary.stoppedBy === "error") {
     throw new Error(`drainQueue("${queue}") stopped: ${summary.error}`);
   }
+  const ran = new Set(claimed.keys());
+  for (const job of await waiting(connection, queue)) {
+    if (!ran.has(job.id)) claimed.set(job.id, job.kind);
+  }
   const ended = [];
   for (const id of [...claimed.keys()].sort((a, b) => a - b)) {
-    const handedBack = released.has(id) ? "released" : snoozed.has(id) ? "snoozed" : "retried";
+    const handedBack = !ran.has(id)
+      ? "queued"
+      : released.has(id)
+      ? "released"
+      : snoozed.has(id)
+      ? "snoozed"
+      : "retried";
     ended.push(await endedAs(client, id, claimed.get(id)!, handedBack));
   }
   if (released.size > 0 || summary.stoppedBy !== "empty") {
     throw new DrainTimedOut(timedOut(queue, timeoutMs, ended), ended);
   }
   return ended;
+}
+
+/** The jobs waiting in `queue` (at most 1,000: a test's queue holds a few). */
+function waiting(connection: QueueConnection, queue: string) {
+  return dataApi(connection).call(
+    "list_jobs",
+    { status: "queued", queue, page_size: 1000 },
+    rowsOf<{ id: number; kind: string }>("queued jobs", { id: "number", kind: "string" }),
+  );
 }
 
 /** `queue`, recording the jobs each claim took and those handed back or snoozed. */
@@ -176,7 +199,7 @@ async function endedAs(
   queue: Queue,
   id: number,
   kind: string,
-  queued: "released" | "snoozed" | "retried",
+  queued: "queued" | "released" | "snoozed" | "retried",
 ): Promise<DrainedJob> {
   const job = await queue.job(id);
   if (job === null) throw new Error(`job ${id} (${kind}) is gone before drainQueue read it`);

@@ -38,7 +38,7 @@ Deno.test("a webhook whose receiver is down is retried, then sent after its back
     assert.match(first.error ?? "", /answered 503/);
     status = 204;
     // its backoff is not over: nothing is due yet, until the queue's clock moves on
-    assert.deepEqual(await drainQueue(queue), []);
+    assert.deepEqual((await drainQueue(queue)).map((job) => job.outcome), ["queued"]);
     assert.equal(await queueClock(queue).advance(60), 1);
     const [second] = await drainQueue(queue);
     assert.equal(second.outcome, "done");
@@ -64,8 +64,16 @@ Deno.test("a job whose handler snoozes is run again once the clock reaches its t
   assert.equal(first.outcome, "snoozed");
   assert.equal(first.attempts, 0, "a snooze spends no attempt");
   assert.ok(first.runAfter && first.runAfter.getTime() - Date.now() > 290_000);
-  assert.deepEqual(await drainQueue(queue, { handlers }), [], "not due yet");
+  const [waiting] = await drainQueue(queue, { handlers });
+  assert.equal(waiting.outcome, "queued", "not due yet");
   assert.equal(await queueClock(queue).advance(300), 1);
   const [second] = await drainQueue(queue, { handlers });
   assert.deepEqual([second.outcome, second.result], ["done", { month: "2026-11", rows: 42 }]);
+});
+
+Deno.test("a job of a kind no handler runs is left waiting, and listed as such", async () => {
+  const queue = testQueueName();
+  const id = await testStack().queue.enqueue("send_emial", { to: "ada@example.com" }, { queue });
+  const [job] = await drainQueue(queue);
+  assert.deepEqual([job.id, job.kind, job.outcome, job.attempts], [id, "send_emial", "queued", 0]);
 });
