@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 from tests.support.doc_examples import examples
+from tests.support.workflow import job_steps, run_step, runner_env, supabase_status
 
 from .deno_worker import FUNCTION, Deno
 
@@ -128,3 +129,23 @@ def test_the_db_tests_say_what_they_need_without_a_stack(deno: Deno, function: P
         output
     )
     assert 'eval "$(supabase status -o env)"' in output
+
+
+def test_the_projects_ci_runs_the_db_tests_against_its_stack(
+    deno: Deno, edge_project: Path, stack_env: dict, db: psycopg.Connection, tmp_path: Path
+) -> None:
+    """The CI workflow's database job, its db_tests step as written, in the folder it names,
+    with only what `supabase status -o env` prints (the stack it starts has the Data API)."""
+    steps = job_steps(edge_project, "database")
+    [start] = [s for s in steps if s.get("name") == "Start the local stack"]
+    assert start["run"].startswith("supabase start "), "db_tests need the Data API"
+    [ci] = [s for s in steps if s.get("name", "").startswith("Edge Function tests")]
+    settings = {k: deno.env()[k] for k in ("DENO_DIR", "DENO_NO_UPDATE_CHECK", "NO_COLOR")}
+    env = runner_env(
+        [supabase_status(tmp_path / "bin", stack_env), Path(deno.binary).parent], **settings
+    )
+    done = run_step(ci["run"], edge_project / ci["working-directory"], env)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    function = edge_project / ci["working-directory"]
+    assert f"ok | {own_db_tests(function)} passed | 0 failed" in output, output
