@@ -79,7 +79,7 @@ class Sizes:
     # the workflow scenarios (issue 51): runs of a 3-step chain, and of a fan-in of 100
     # children and the step that depends on them all (bench/workflow_peers.py)
     chain_runs: int = 1_000
-    fanin_runs: int = 50
+    fanin_runs: int = 30
 
 
 FULL = Sizes(
