@@ -23,21 +23,22 @@ seconds and poll interval defaults), pgflow.start_tasks(flow, msg_ids, worker_id
 pgflow.complete_task(run_id, step_slug, task_index, OUTPUT) for each task started, each call
 its own transaction, until a read finds nothing for its max poll seconds. Each process
 registers as a worker (a row in pgflow.workers, which start_tasks references) and warms up on
-a run of a one-step flow of its own before the go. Figures: steps_per_s (tasks completed a
+a run of its own of a one-step flow before the go. Figures: steps_per_s (tasks completed a
 second, from the go to the last completion), runs_per_s, start_runs_per_s, and
 server_cpu_us_per_step (the drain's backends' CPU time over its tasks). Afterwards every run
 must be completed, each task completed at its first attempt and its message archived once, or
 the scenario fails.
 
 Our side (`workflow_chain_{1,4}proc`, `workflow_fanin_{1,4}proc`, still to come) is
-comparable when it: runs as many runs of the same shapes (3 jobs in a chain; FANIN_CHILDREN
-jobs, then one that depends on all of them), each job completed with OUTPUT (the same JSON) and
-the dependent job given its dependencies' results; creates the runs before the go (enqueue with
-depends_on, timed apart as start_runs_per_s); drains them with 1 and 4 processes, a connection
-each, warmed up before the go, claiming and completing through the SQL API only; reports the
-same figures under the same names (steps_per_s counting every job, the fan-in job included);
-and fails unless every job ran once. bench/report.py then compares each figure with this
-module's (x pgflow), and issue 51 asks for at least 2x pgflow's steps_per_s.
+comparable when it: runs as many runs (Sizes.chain_runs and Sizes.fanin_runs in
+bench/__main__.py) of the same shapes (3 jobs in a chain; FANIN_CHILDREN jobs, then one that
+depends on all of them), each job completed with OUTPUT (the same JSON) and the dependent job
+given its dependencies' results; creates the runs before the go (enqueue with depends_on,
+timed apart as start_runs_per_s); drains them with 1 and 4 processes, a connection each,
+warmed up before the go, claiming and completing through the SQL API only; reports the same
+figures under the same names (steps_per_s counting every job, the fan-in job included); and
+fails unless every job ran once. bench/report.py then compares each figure with this module's
+(x pgflow), and issue 51 asks for at least 2x pgflow's steps_per_s.
 """
 
 from __future__ import annotations
