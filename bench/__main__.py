@@ -29,6 +29,7 @@ from . import (
     sql_variants,
     wakeups,
     worker_overhead,
+    workflow_peers,
 )
 from . import stack as stack_module
 from .stack import REPO, Stack
@@ -75,6 +76,10 @@ class Sizes:
     job_list_finished: int = 1_000_000
     job_list_queued: int = 100_000
     edge_minute_s: float = 60.0  # its trickle and idle spans
+    # the workflow scenarios (issue 51): runs of a 3-step chain, and of a fan-in of 100
+    # children and the step that depends on them all (bench/workflow_peers.py)
+    chain_runs: int = 1_000
+    fanin_runs: int = 30
 
 
 FULL = Sizes(
@@ -90,6 +95,7 @@ SMOKE = Sizes(
     fairness_big=1_000, rate_per_s=100.0, rate_burst=10, rate_seconds=2.0,
     limited_jobs=200, gauge_jobs=2_000, gauge_unfolded=500, client_finished=200,
     edge_jobs=200, edge_minute_s=3.0, job_list_finished=20_000, job_list_queued=4_000,
+    chain_runs=20, fanin_runs=2,
 )  # fmt: skip
 TRANSPORTS = ("postgres", "supabase")
 
@@ -235,14 +241,22 @@ def scenarios(sizes: Sizes) -> dict[str, Callable[[Stack], Figures]]:
         "job_list": lambda s: job_list.measure(s, sizes.job_list_finished, sizes.job_list_queued),
         "pgqueuer": lambda s: _peer("pgqueuer", s, sizes.pgqueuer_jobs),
         "procrastinate": lambda s: _peer("procrastinate", s, sizes.procrastinate_jobs),
+        # pgflow's SQL core, driven as its worker drives it: runs of a chain and of a fan-in
+        **{
+            f"pgflow_{shape}_{processes}proc": lambda s, shape=shape, runs=runs, p=processes: (
+                workflow_peers.drain(s, shape, runs, p)
+            )
+            for shape, runs in (("chain", sizes.chain_runs), ("fanin", sizes.fanin_runs))
+            for processes in (1, 4)
+        },
     }
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bench/run",
-        description="Benchmark the generated queue against pgmq, pgqueuer and procrastinate on "
-        "a local cluster with durable commits. Prints a table, writes JSON.",
+        description="Benchmark the generated queue against pgmq, pgqueuer, procrastinate and "
+        "pgflow on a local cluster with durable commits. Prints a table, writes JSON.",
         epilog="scenarios: "
         + ", ".join(_known(FULL))
         + ". Method and latest figures: docs/performance.md",

@@ -8,21 +8,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-PEERS = ("pgqueuer", "procrastinate", "pgmq")
+PEERS = ("pgqueuer", "procrastinate", "pgmq", "pgflow")
 # Which of pgqueuer's and procrastinate's figures a figure of ours is compared with (same kind
 # of work).
 COMPARE_WITH = {"jobs_per_s": "drain_jobs_per_s", "enqueue_jobs_per_s": "enqueue_jobs_per_s"}
 
 
 def is_peer(scenario: str) -> bool:
-    return scenario in PEERS or scenario.startswith("pgmq_")
+    return scenario in PEERS or scenario.startswith(("pgmq_", "pgflow_"))
 
 
 def peer_figure(peer: str, scenario: str, figure: str) -> tuple[str, str] | None:
     """(scenario, figure) of `peer` that `figure` of our `scenario` is compared with, if any.
     pgmq has a scenario per process count: a drain is compared with pgmq's read + delete at
     the same number of processes, enqueue_many with send_batch, enqueue_one with send, churn
-    with pgmq under the same churn (each figure with its own)."""
+    with pgmq under the same churn (each figure with its own). A workflow scenario
+    (workflow_<shape>_<n>proc) is compared with pgflow's of the same shape and processes, each
+    figure with its own, and with no other peer."""
+    if scenario.startswith("workflow_"):
+        shape = scenario.removeprefix("workflow_")
+        return (f"pgflow_{shape}", figure) if peer == "pgflow" else None
+    if peer == "pgflow":
+        return None
     if scenario == "churn":
         return ("pgmq_churn", figure) if peer == "pgmq" else None
     if scenario.startswith("enqueue_one_"):
@@ -50,6 +57,10 @@ def unit_of(figure: str) -> str:
         ("tokens_per_job", "tokens/job"),
         ("instructions_per_job", "instr/job"),
         ("jobs_per_s", "jobs/s"),
+        ("us_per_step", "us/step"),
+        ("us_per_run", "us/run"),
+        ("steps_per_s", "steps/s"),
+        ("runs_per_s", "runs/s"),
         ("_ms", "ms"),
         ("samples", "jobs"),
         ("vacuums", "runs"),  # (autovacuums too)

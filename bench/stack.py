@@ -20,7 +20,7 @@ from testkit.cluster import PG_BIN, Cluster
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = "pgqueue"
-PEER_DATABASES = ("pgqueuer", "procrastinate", "pgmq")
+PEER_DATABASES = ("pgqueuer", "procrastinate", "pgmq", "pgflow")
 MIGRATIONS = "supabase/migrations"
 
 # Durable commits, as production runs: every commit waits for its WAL to reach the disk.

@@ -61,6 +61,19 @@ SCENARIOS = {
         for finish in ("delete", "archive")
         for processes in (1, 4)
     },
+    # pgflow, the workflow peer (issue 51): runs of a chain and of a fan-in, drained by its
+    # worker's SQL calls (the run fails unless each run completed with each step run once)
+    **{
+        f"pgflow_{shape}_{processes}proc": {
+            "steps_per_s",
+            "runs_per_s",
+            "start_runs_per_s",
+            "server_cpu_us_per_step",
+            "start_server_cpu_us_per_run",
+        }
+        for shape in ("chain", "fanin")
+        for processes in (1, 4)
+    },
     "finished_rows": {
         f"{storage}{figure}"
         for storage in ("", "rows_")
