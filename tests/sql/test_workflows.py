@@ -22,6 +22,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from testkit.cluster import Cluster
+from testkit.project import REPO
 from tests.sql.test_hot_path import complete_and_claim
 from tests.support.jobs import job_by_id
 
@@ -577,3 +578,25 @@ def test_random_workflows_with_random_failures_under_4_workers(
     assert [final[i] for i in range(n)] == outcome
     assert set(claimed) == {ids[i] for i in range(n) if outcome[i] != "cancelled"}
     assert db.execute("select count(*) from pgqueue.waiting_jobs").fetchone() == (0,)
+
+
+def test_the_docs_sql_example_runs_as_written(db: psycopg.Connection, stack: Cluster) -> None:
+    page = (REPO / "docs" / "workflows.md").read_text()
+    example = page.split("### A complete example", 1)[1].split("```sql\n", 1)[1].split("```")[0]
+    with stack.connect(autocommit=True) as conn:
+        conn.execute(example)
+        ((dependencies,),) = conn.execute("select payload -> '_dependencies' from album")
+        drawn = conn.execute(
+            "select id, kind, status, depends_on, result"
+            " from pgqueue.workflow((select id from album))"
+        ).fetchall()
+    (small, _, _, _, _), (large, _, _, _, _), (album, *_) = drawn
+    assert dependencies == {
+        str(small): {"kind": "resize", "status": "done", "result": {"path": "beach.jpg@64w"}},
+        str(large): {"kind": "resize", "status": "done", "result": {"path": "beach.jpg@1024w"}},
+    }
+    assert drawn == [
+        (small, "resize", "done", [], {"path": "beach.jpg@64w"}),
+        (large, "resize", "done", [], {"path": "beach.jpg@1024w"}),
+        (album, "album", "running", [small, large], None),
+    ]
