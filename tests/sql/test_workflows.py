@@ -366,6 +366,13 @@ def test_enqueue_many_enqueues_a_whole_workflow_and_the_list_finds_it(
         "select id, status from pgqueue.list_jobs('waiting', workflow => %s)", (outside,)
     ).fetchall()
     assert listed == [(notify, "waiting"), (merge, "waiting")]
+    # found whole by any of its jobs' ids, the second first job's among them
+    assert (
+        db.execute(
+            "select id, status from pgqueue.list_jobs('waiting', workflow => %s)", (extract2,)
+        ).fetchall()
+        == listed
+    )
     assert db.execute(
         "select pgqueue.count_jobs('queued', workflow => %s)", (outside,)
     ).fetchone() == (3,)
