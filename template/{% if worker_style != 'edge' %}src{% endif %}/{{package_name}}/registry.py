@@ -28,6 +28,8 @@ from typing import Any, TypeVar, get_type_hints
 
 from pydantic import BaseModel, ValidationError
 
+from .dependencies import NO_DEPENDENCIES, Dependencies
+
 DEFAULT_TIMEOUT = 300.0
 
 
@@ -48,6 +50,9 @@ class JobInfo:
     # The user who submitted the job from the app (their auth.users id), for jobs a signed-in
     # user submitted with <schema>_public.client_enqueue(); None for the others.
     owner: str | None = None
+    # What the jobs it depended on (enqueued with depends_on, or a Workflow's steps) ended
+    # with, by id and by kind (dependencies.py); empty for a job that depended on none.
+    dependencies: Dependencies = NO_DEPENDENCIES
     # Set by the worker. A test that calls a handler directly may pass its own (one that
     # records what is reported, say), or none: progress then goes nowhere.
     progress_reporter: ProgressReporter | None = field(default=None, repr=False, compare=False)

@@ -3,6 +3,15 @@
 // give their kind its own backoff; the worker (worker.ts) does the rest.
 import { z } from "zod";
 import type { Json } from "./queue.ts";
+import type { Dependencies } from "./dependencies.ts";
+
+export {
+  defineKind,
+  Dependencies,
+  type Dependency,
+  type Kind,
+  NO_DEPENDENCIES,
+} from "./dependencies.ts";
 
 /** The job a handler is running. */
 export interface Job {
@@ -19,6 +28,11 @@ export interface Job {
    * user submitted with `<schema>_public.client_enqueue()`; null for the others.
    */
   owner: string | null;
+  /**
+   * What the jobs it depended on (enqueued with `dependsOn`, or a Workflow's steps) ended
+   * with, by id and by kind (dependencies.ts); empty for a job that depended on none.
+   */
+  dependencies: Dependencies;
 }
 
 export interface JobContext {

@@ -137,6 +137,11 @@ export interface WorkerQueue {
   clientKinds(signal?: AbortSignal): Promise<string[]>;
   /** The owner of each of these jobs that a signed-in user submitted (`job_owners()`). */
   jobOwners(ids: readonly number[], signal?: AbortSignal): Promise<Map<number, string>>;
+  /**
+   * What the jobs job `id` depends on ended with (`dependency_results()`: id, kind, status,
+   * result, error), for a job whose payload had their results left out (too large).
+   */
+  dependencyResults(id: number, signal?: AbortSignal): Promise<unknown[]>;
 }
 
 /** The whole queue: the worker's calls, and the rest of the SQL contract for app code. */
@@ -170,6 +175,11 @@ const kindRows = rowsOf<{ kind: string }>("client kinds", { kind: "string" });
 const ownerRows = rowsOf<{ id: number; owner: string }>("job owners", {
   id: "number",
   owner: "string",
+});
+const dependencyRows = rowsOf<Record<string, unknown>>("dependency results", {
+  id: "number",
+  kind: "string",
+  status: "string",
 });
 const configRow = shape<{ max_result_bytes: number }[]>(
   "the config row, with its max_result_bytes",
@@ -242,6 +252,8 @@ export function workerQueue(api: DataApi): WorkerQueue {
       const rows = await api.call("job_owners", { job_ids: ids }, ownerRows, signal);
       return new Map(rows.map(({ id, owner }) => [id, owner]));
     },
+    dependencyResults: (id, signal) =>
+      api.call("dependency_results", { job_id: id }, dependencyRows, signal),
   };
 }
 
