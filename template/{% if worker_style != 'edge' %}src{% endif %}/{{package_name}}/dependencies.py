@@ -144,17 +144,20 @@ NO_DEPENDENCIES = Dependencies()
 def take_dependencies(payload: Any) -> tuple[Any, Dependencies]:
     """The payload without `_dependencies`, and the dependencies it held (NO_DEPENDENCIES for a
     payload without them). ValueError when they are not in the queue's shape: an object keyed
-    by job id of {kind, status, result, error}, and "results_omitted": true when the queue
-    left the results out."""
+    by job id of {kind, status, result, error}; where the queue left the results out, its
+    entries say "results_omitted": true."""
     if not isinstance(payload, dict) or DEPENDENCIES_KEY not in payload:
         return payload, NO_DEPENDENCIES
     rest = {key: value for key, value in payload.items() if key != DEPENDENCIES_KEY}
     given = payload[DEPENDENCIES_KEY]
     if not isinstance(given, dict):
         raise ValueError(f"{DEPENDENCIES_KEY} must be an object keyed by job id, got {given!r}")
-    omitted = given.get("results_omitted", False) is True
     entries = {key: value for key, value in given.items() if key != "results_omitted"}
     found = [_dependency(key, value) for key, value in entries.items()]
+    omitted = given.get("results_omitted") is True or any(
+        isinstance(entry, dict) and entry.get("results_omitted") is True
+        for entry in entries.values()
+    )
     return rest, Dependencies({dependency.id: dependency for dependency in found}, omitted)
 
 

@@ -115,8 +115,8 @@ export const NO_DEPENDENCIES = new Dependencies();
 /**
  * The payload without `_dependencies`, and the dependencies it held (NO_DEPENDENCIES for a
  * payload without them). An Error when they are not in the queue's shape: an object keyed by
- * job id of {kind, status, result, error}, with `"results_omitted": true` when the queue left
- * the results out.
+ * job id of {kind, status, result, error}; where the queue left the results out, its entries
+ * say `"results_omitted": true`.
  */
 export function takeDependencies(
   payload: unknown,
@@ -130,9 +130,11 @@ export function takeDependencies(
       `${DEPENDENCIES_KEY} must be an object keyed by job id, got ${JSON.stringify(given)}`,
     );
   }
-  const { results_omitted: omitted, ...entries } = given;
+  const { results_omitted: omittedAll, ...entries } = given;
   const found = Object.entries(entries).map(([key, entry]) => toDependency(key, entry));
-  return { payload: rest, dependencies: new Dependencies(found, omitted === true) };
+  const omitted = omittedAll === true ||
+    Object.values(entries).some((entry) => isObject(entry) && entry.results_omitted === true);
+  return { payload: rest, dependencies: new Dependencies(found, omitted) };
 }
 
 /** The rows of `dependency_results(job_id)`: id, kind, status, result, error. */

@@ -123,7 +123,7 @@ Deno.test("a drain hands the handler its dependencies, fetched when the queue le
   });
   const omitted = queue.add("album", {
     name: "b",
-    _dependencies: { "6": { kind: "resize", status: "done" }, results_omitted: true },
+    _dependencies: { "6": { kind: "resize", status: "done", results_omitted: true } },
   });
   queue.dependencyRows.set(omitted.id, [
     { id: 6, kind: "resize", status: "done", result: { path: "q", bytes: 2 }, error: null },
