@@ -1,0 +1,44 @@
+// step: a job kind for tests/edge/test_edge_workflows.py, added to a copy of the rendered
+// function (never to a generated project). Logs its start and end (step.start, step.end) with
+// what its dependencies ended as (job.dependencies); fails for good while `failUntil` (ms since
+// the epoch) is ahead; returns its name and its done dependencies' names (typed by the kind
+// STEP), padded to a size on demand.
+import { z } from "zod";
+import { defineHandler, defineKind, PermanentError } from "../job.ts";
+
+export const STEP = defineKind(
+  "step",
+  z.object({
+    name: z.string(),
+    failUntil: z.number().optional(),
+    pad: z.number().default(0),
+  }),
+  z.object({ name: z.string(), after: z.array(z.string()), pad: z.string() }),
+);
+
+export const workflowStep = defineHandler(
+  STEP.payload,
+  ({ name, failUntil, pad }, { job }) => {
+    const line = { jobId: job.id, name, t: Date.now() };
+    console.log(JSON.stringify({ event: "step.start", ...line }));
+    if (failUntil !== undefined && Date.now() < failUntil) {
+      throw new PermanentError(`step ${name} failed`);
+    }
+    const after = job.dependencies.results(STEP).map((result) => result.name);
+    const dependencies = Object.fromEntries(
+      [...job.dependencies.byId.values()].map((d) => [
+        String(d.id),
+        { kind: d.kind, status: d.status, error: d.error },
+      ]),
+    );
+    console.log(JSON.stringify({
+      event: "step.end",
+      ...line,
+      t: Date.now(),
+      after,
+      dependencies,
+      omitted: job.dependencies.resultsOmitted,
+    }));
+    return { name, after, pad: "x".repeat(pad) };
+  },
+);
