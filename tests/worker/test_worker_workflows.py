@@ -9,6 +9,7 @@ failed step lets its dependents run."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -28,7 +29,7 @@ def enqueue_workflow(
     """{step name: job id} of the workflow `shape`, enqueued in one call by the project."""
     proc = subprocess.run(
         [installed.bin("python"), ENQUEUE, shape, str(log), *extra],
-        env={**env, "PYTHONPATH": str(installed.src)},
+        env={**os.environ, **env, "PYTHONPATH": str(installed.src)},
         capture_output=True,
         text=True,
         timeout=120,
