@@ -176,7 +176,7 @@ const ownerRows = rowsOf<{ id: number; owner: string }>("job owners", {
   id: "number",
   owner: "string",
 });
-const dependencyRows = rowsOf<Record<string, unknown>>("dependency results", {
+const deps = rowsOf<Record<string, unknown>>("dependency results", {
   id: "number",
   kind: "string",
   status: "string",
@@ -252,8 +252,7 @@ export function workerQueue(api: DataApi): WorkerQueue {
       const rows = await api.call("job_owners", { job_ids: ids }, ownerRows, signal);
       return new Map(rows.map(({ id, owner }) => [id, owner]));
     },
-    dependencyResults: (id, signal) =>
-      api.call("dependency_results", { job_id: id }, dependencyRows, signal),
+    dependencyResults: (job_id, signal) => api.call("dependency_results", { job_id }, deps, signal),
   };
 }
 
