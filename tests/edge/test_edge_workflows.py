@@ -120,8 +120,8 @@ def until_finished(
 
     try:
         return wait_until(finished, timeout=timeout, what="every step to finish")
-    except AssertionError:
-        print(worker.output()[-5000:])
+    except BaseException:
+        print(statuses(db, ids), worker.output()[-5000:])
         raise
 
 
@@ -225,5 +225,5 @@ def test_the_docs_edge_example_runs_as_written(
 ) -> None:
     assert json.dumps(ALBUM_RESULT) in DOC.read_text().replace("\n", " ")
     album = enqueue_workflow(deno, workflow_function, postgrest, "album")["album"]
-    wait_until(lambda: job_by_id(db, album)["status"] == "done", timeout=60, what="the album")
-    assert job_by_id(db, album)["result"] == ALBUM_RESULT
+    until_finished(db, {"album": album}, woken)
+    assert job_by_id(db, album)["result"] == ALBUM_RESULT, job_by_id(db, album)

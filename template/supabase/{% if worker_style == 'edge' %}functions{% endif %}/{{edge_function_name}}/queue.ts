@@ -208,10 +208,7 @@ export function workerQueue(api: DataApi): WorkerQueue {
           kinds,
           queue,
           ...(leaseSeconds === undefined ? {} : { lease_seconds: leaseSeconds }),
-          // Only when a job has one: without results, completions are kept by batch.
-          ...(done.some(({ result }) => result !== null)
-            ? { done_results: done.map(({ result }) => result) }
-            : {}),
+          ...doneResults(done),
         },
         claimedRows,
         signal,
@@ -254,6 +251,20 @@ export function workerQueue(api: DataApi): WorkerQueue {
     },
     dependencyResults: (job_id, signal) => api.call("dependency_results", { job_id }, deps, signal),
   };
+}
+
+/**
+ * complete_and_claim()'s `done_results`, only when a job has one (without results, completions
+ * are kept by batch). A JSON array in an array argument would be read as a dimension of it
+ * (`[["a", "b"]]`: two results), so the results go as a Postgres array literal, each one's
+ * JSON text an element: `{"[\"a\", \"b\"]",NULL}`.
+ */
+function doneResults(done: readonly DoneJob[]): { done_results?: string } {
+  if (!done.some(({ result }) => result !== null)) return {};
+  const quoted = done.map(({ result }) =>
+    result === null ? "NULL" : `"${JSON.stringify(result).replace(/[\\"]/g, "\\$&")}"`
+  );
+  return { done_results: `{${quoted.join(",")}}` };
 }
 
 /** fail()'s arguments: `retry_in` only when the worker chose the delay, `error_type` when known. */
