@@ -2,12 +2,14 @@
 src/ (its e2e_step handler added): builds one of the tests' workflows with the project's
 Workflow and enqueues it through the project's queue client (its transport), printing
 {step name: job id} as JSON. Arguments: the shape, the runs' log, and (failure) the file
-whose absence fails the first step."""
+whose absence fails the first step, or "in-transaction" to enqueue it with psycopg in a
+transaction of its own."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from typing import Any
 
@@ -50,14 +52,29 @@ def build(shape: str, log: str, marker: str | None) -> tuple[Any, dict[str, Any]
     return workflow, steps
 
 
+def in_transaction(workflow: Any) -> None:
+    """The generated README's way: workflow.jobs() to enqueue_many() in the app's own
+    transaction (psycopg, a direct connection), then the ids it returned to the workflow."""
+    import psycopg
+    from psycopg.types.json import Jsonb
+
+    with psycopg.connect(os.environ["DB_URL"]) as conn, conn.transaction():
+        rows = conn.execute("select * from pgqueue.enqueue_many(%s)", (Jsonb(workflow.jobs()),))
+        workflow.enqueued([row[0] for row in rows])
+
+
 async def main() -> None:
     shape, log = sys.argv[1], sys.argv[2]
-    workflow, steps = build(shape, log, sys.argv[3] if len(sys.argv) > 3 else None)
-    queue = await open_queue(Settings.from_env())
-    try:
-        await workflow.enqueue(queue)
-    finally:
-        await queue.close()
+    extra = sys.argv[3] if len(sys.argv) > 3 else None
+    workflow, steps = build(shape, log, extra)
+    if extra == "in-transaction":
+        in_transaction(workflow)
+    else:
+        queue = await open_queue(Settings.from_env())
+        try:
+            await workflow.enqueue(queue)
+        finally:
+            await queue.close()
     print(json.dumps({name: s.id for name, s in steps.items()}))
 
 
