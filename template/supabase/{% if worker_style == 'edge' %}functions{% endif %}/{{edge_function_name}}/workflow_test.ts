@@ -3,11 +3,11 @@
 // template's tests).
 import assert from "node:assert/strict";
 import { z } from "zod";
-import { defineHandler, defineKind, type Dependencies, type HandlerMap } from "./job.ts";
+import { defineHandler, defineKind, Dependencies, type HandlerMap } from "./job.ts";
 import type { NewJob } from "./queue.ts";
 import { type Enqueuer, Workflow } from "./workflow.ts";
 import { takeDependencies } from "./dependencies.ts";
-import { drain, drainOptions, MemoryQueue } from "./testing.ts";
+import { drain, drainOptions, MemoryQueue, runJob } from "./testing.ts";
 
 const Image = z.object({ path: z.string(), bytes: z.number() });
 const FETCH = defineKind("fetch", z.object({ url: z.string() }), Image);
@@ -135,4 +135,19 @@ Deno.test("a drain hands the handler its dependencies, fetched when the queue le
     "done",
     "q",
   ]]);
+});
+
+Deno.test("runJob hands a handler the dependencies a test gives it", async () => {
+  const album = defineHandler(
+    ALBUM.payload,
+    ({ name }, { job }) => job.dependencies.results(RESIZE).map((i) => `${name}: ${i.path}`),
+  );
+  const dependencies = new Dependencies([
+    { id: 3, kind: "resize", status: "done", result: { path: "s", bytes: 1 }, error: null },
+  ]);
+  const ran = await runJob("album", { name: "summer" }, {
+    handlers: { album },
+    job: { dependencies },
+  });
+  assert.deepEqual(ran.result, ["summer: s"]);
 });
