@@ -17,7 +17,7 @@ export const STEP = defineKind(
 );
 
 export const workflowStep = defineHandler(
-  STEP.payload,
+  STEP,
   ({ name, failUntil, pad }, { job }) => {
     const line = { jobId: job.id, name, t: Date.now() };
     console.log(JSON.stringify({ event: "step.start", ...line }));
