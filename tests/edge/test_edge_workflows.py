@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from testkit.postgrest import PostgRESTStandIn, make_jwt
 from testkit.project import REPO
 from testkit.stack import point_wake_ups
 from tests.support.doc_examples import examples
+from tests.support.http_sink import HttpSink
 from tests.support.jobs import job_by_id, wait_until
 
 from .deno_worker import (
@@ -194,25 +194,23 @@ def test_a_failed_step_cancels_its_dependents_and_a_retry_resumes_them(
     db: psycopg.Connection,
     woken: EdgeWorker,
 ) -> None:
-    fail_until = time.time() + 3
-    ids = enqueue_workflow(
-        deno, workflow_function, postgrest, "failure", str(int(fail_until * 1000))
-    )
-    ended = until_finished(db, ids, woken)
-    assert ended["A"][0] == "failed" and "step A failed" in str(ended["A"][1])
-    assert ended["B"][0] == "cancelled"
-    assert str(ended["B"][1]).startswith(f"dependency {ids['A']} was dead-lettered: ")
-    assert "step A failed" in str(ended["B"][1])
-    assert ended["C"][0] == "cancelled" and f"dependency {ids['B']}" in str(ended["C"][1])
-    assert ended["R"] == ("done", None)
-    told = check_order(woken, ids, {})["R"]["dependencies"][str(ids["A"])]
-    assert told["status"] == "failed" and "step A failed" in told["error"]
+    with HttpSink(status=503) as upstream:  # what A's first attempt finds
+        ids = enqueue_workflow(deno, workflow_function, postgrest, "failure", upstream.url)
+        ended = until_finished(db, ids, woken)
+        assert ended["A"][0] == "failed" and "step A failed" in str(ended["A"][1])
+        assert ended["B"][0] == "cancelled"
+        assert str(ended["B"][1]).startswith(f"dependency {ids['A']} was dead-lettered: ")
+        assert "step A failed" in str(ended["B"][1])
+        assert ended["C"][0] == "cancelled" and f"dependency {ids['B']}" in str(ended["C"][1])
+        assert ended["R"] == ("done", None)
+        told = check_order(woken, ids, {})["R"]["dependencies"][str(ids["A"])]
+        assert told["status"] == "failed" and "step A failed" in told["error"]
 
-    time.sleep(max(0, fail_until - time.time()))
-    assert db.execute("select pgqueue.retry(%s)", (ids["A"],)).fetchone() == (True,)
-    again = {name: ids[name] for name in "ABC"}
-    # (A keeps its failed attempt's error as its last_error)
-    assert {status for status, _ in until_finished(db, again, woken).values()} == {"done"}
+        upstream.status = 200
+        assert db.execute("select pgqueue.retry(%s)", (ids["A"],)).fetchone() == (True,)
+        again = {name: ids[name] for name in "ABC"}
+        # (A keeps its failed attempt's error as its last_error)
+        assert {status for status, _ in until_finished(db, again, woken).values()} == {"done"}
     ends = check_order(woken, ids, {"B": ["A"], "C": ["B"]}, reran=frozenset("A"))
     assert ends["C"]["after"] == ["B"]
 

@@ -1,7 +1,7 @@
 // tests/edge: builds one of test_edge_workflows.py's workflows with the function's Workflow
 // (workflow.ts) and enqueues it with its queue client, against the Data API the environment
-// names; prints {step name: job id} as JSON. Arguments: the shape, and (failure) until when
-// (ms since the epoch) its first step fails. The shape "album" runs docs/workflows.md's
+// names; prints {step name: job id} as JSON. Arguments: the shape, and (failure) the URL whose
+// answer fails its first step unless 2xx. The shape "album" runs docs/workflows.md's
 // makeAlbum() (in ../_shared/album.ts).
 import { type Step, Workflow } from "./workflow.ts";
 import { supabaseQueue } from "./queue.ts";
@@ -10,9 +10,11 @@ import { STEP } from "./handlers/workflow_step.ts";
 import { makeAlbum } from "../_shared/album.ts";
 
 const queue = supabaseQueue(loadSettings());
-const [shape, failUntil] = Deno.args;
+const [shape, failUnless] = Deno.args;
 if (shape === "album") {
-  console.log(JSON.stringify({ album: await makeAlbum(queue, "beach.jpg", "summer") }));
+  console.log(
+    JSON.stringify({ album: await makeAlbum(queue, "beach.jpg", "summer") }),
+  );
   Deno.exit(0);
 }
 const workflow = new Workflow();
@@ -20,9 +22,13 @@ const steps: Record<string, Step<unknown>> = {};
 const step = (
   name: string,
   after: Step<unknown>[] = [],
-  options: { pad?: number; failUntil?: number; run?: boolean } = {},
+  options: { pad?: number; failUnless?: string; run?: boolean } = {},
 ) =>
-  steps[name] = workflow.step(STEP, { name, pad: options.pad, failUntil: options.failUntil }, {
+  steps[name] = workflow.step(STEP, {
+    name,
+    pad: options.pad,
+    failUnless: options.failUnless,
+  }, {
     after,
     ...(options.run ? { onDependencyFailure: "run" as const } : {}),
   });
@@ -32,13 +38,18 @@ if (shape === "diamond") {
   step("C", [steps.A]);
   step("D", [steps.B, steps.C]);
 } else if (shape === "chain") {
-  for (let n = 0; n < 10; n++) step(`s${n}`, n === 0 ? [] : [steps[`s${n - 1}`]]);
+  for (let n = 0; n < 10; n++) {
+    step(`s${n}`, n === 0 ? [] : [steps[`s${n - 1}`]]);
+  }
 } else if (shape === "fanin") {
   // results of 2 kB each, 2 MB in all: left out of the fan-in's payload, and fetched
-  const children = Array.from({ length: 1000 }, (_, n) => step(`c${n}`, [], { pad: 2000 }));
+  const children = Array.from(
+    { length: 1000 },
+    (_, n) => step(`c${n}`, [], { pad: 2000 }),
+  );
   step("zip", children);
 } else if (shape === "failure") {
-  step("A", [], { failUntil: Number(failUntil) });
+  step("A", [], { failUnless });
   step("B", [steps.A]);
   step("C", [steps.B]);
   step("R", [steps.A], { run: true });
@@ -46,4 +57,8 @@ if (shape === "diamond") {
   throw new Error(`unknown shape ${shape}`);
 }
 await workflow.enqueue(queue);
-console.log(JSON.stringify(Object.fromEntries(Object.entries(steps).map(([k, s]) => [k, s.id]))));
+console.log(
+  JSON.stringify(
+    Object.fromEntries(Object.entries(steps).map(([k, s]) => [k, s.id])),
+  ),
+);

@@ -1,7 +1,7 @@
 // step: a job kind for tests/edge/test_edge_workflows.py, added to a copy of the rendered
 // function (never to a generated project). Logs its start and end (step.start, step.end) with
-// what its dependencies ended as (job.dependencies); fails for good while `failUntil` (ms since
-// the epoch) is ahead; returns its name and its done dependencies' names (typed by the kind
+// what its dependencies ended as (job.dependencies); fails for good unless a POST to `failUnless`
+// (a URL of the test's) answers 2xx; returns its name and its done dependencies' names (typed by the kind
 // STEP), padded to a size on demand.
 import { z } from "zod";
 import { defineHandler, defineKind, PermanentError } from "../job.ts";
@@ -10,7 +10,7 @@ export const STEP = defineKind(
   "step",
   z.object({
     name: z.string(),
-    failUntil: z.number().optional(),
+    failUnless: z.string().optional(),
     pad: z.number().default(0),
   }),
   z.object({ name: z.string(), after: z.array(z.string()), pad: z.string() }),
@@ -18,11 +18,13 @@ export const STEP = defineKind(
 
 export const workflowStep = defineHandler(
   STEP,
-  ({ name, failUntil, pad }, { job }) => {
+  async ({ name, failUnless, pad }, { job, signal }) => {
     const line = { jobId: job.id, name, t: Date.now() };
     console.log(JSON.stringify({ event: "step.start", ...line }));
-    if (failUntil !== undefined && Date.now() < failUntil) {
-      throw new PermanentError(`step ${name} failed`);
+    if (failUnless !== undefined) {
+      const answer = await fetch(failUnless, { method: "POST", signal });
+      await answer.body?.cancel();
+      if (!answer.ok) throw new PermanentError(`step ${name} failed`);
     }
     const after = job.dependencies.results(STEP).map((result) => result.name);
     const dependencies = Object.fromEntries(
