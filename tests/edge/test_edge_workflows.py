@@ -12,6 +12,7 @@ import json
 import shutil
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -75,10 +76,22 @@ def worker(
     stop_edge_worker(started)
 
 
+@dataclass
+class Woken:
+    """The module's worker, woken by this test's jobs; `since`: its lines before the test (job
+    ids start again in each test's database, so only this test's lines count)."""
+
+    worker: EdgeWorker
+    since: int
+
+    def events(self) -> list[dict]:
+        return [json.loads(line) for line in self.worker.lines[self.since :] if line[:1] == "{"]
+
+
 @pytest.fixture
-def woken(db: psycopg.Connection, worker: EdgeWorker) -> EdgeWorker:
+def woken(db: psycopg.Connection, worker: EdgeWorker) -> Woken:
     point_wake_ups(db, worker.url, worker.wake_secret)
-    return worker
+    return Woken(worker, len(worker.lines))
 
 
 def enqueue_workflow(
@@ -112,7 +125,7 @@ def statuses(db: psycopg.Connection, ids: dict[str, int]) -> dict[str, tuple[str
 
 
 def until_finished(
-    db: psycopg.Connection, ids: dict[str, int], worker: EdgeWorker, timeout: float = 60
+    db: psycopg.Connection, ids: dict[str, int], woken: Woken, timeout: float = 60
 ) -> dict:
     def finished() -> dict | None:
         now = statuses(db, ids)
@@ -121,12 +134,12 @@ def until_finished(
     try:
         return wait_until(finished, timeout=timeout, what="every step to finish")
     except BaseException:
-        print(statuses(db, ids), worker.output()[-5000:])
+        print(statuses(db, ids), woken.worker.output()[-5000:])
         raise
 
 
 def check_order(
-    worker: EdgeWorker,
+    woken: Woken,
     ids: dict[str, int],
     waits_on: dict[str, list[str]],
     reran: frozenset = frozenset(),
@@ -134,7 +147,7 @@ def check_order(
     """Each step of `ids` that ran started once (twice for those `reran`), and after each of
     its dependencies ended; its last step.end line, by name."""
     mine = set(ids.values())
-    lines = [e for e in worker.events() if e.get("jobId") in mine]
+    lines = [e for e in woken.events() if e.get("jobId") in mine]
     starts = [e["name"] for e in lines if e["event"] == "step.start"]
     for name in set(starts):
         assert starts.count(name) == (2 if name in reran else 1), (
@@ -154,7 +167,7 @@ def test_a_diamond_and_a_chain_run_in_order_with_results(
     workflow_function: Path,
     postgrest: PostgRESTStandIn,
     db: psycopg.Connection,
-    woken: EdgeWorker,
+    woken: Woken,
 ) -> None:
     diamond = enqueue_workflow(deno, workflow_function, postgrest, "diamond")
     chain = enqueue_workflow(deno, workflow_function, postgrest, "chain")
@@ -176,7 +189,7 @@ def test_a_fan_in_of_a_thousand_runs_once_with_every_result(
     workflow_function: Path,
     postgrest: PostgRESTStandIn,
     db: psycopg.Connection,
-    woken: EdgeWorker,
+    woken: Woken,
 ) -> None:
     ids = enqueue_workflow(deno, workflow_function, postgrest, "fanin")
     assert set(until_finished(db, ids, woken, timeout=180).values()) == {("done", None)}
@@ -192,7 +205,7 @@ def test_a_failed_step_cancels_its_dependents_and_a_retry_resumes_them(
     workflow_function: Path,
     postgrest: PostgRESTStandIn,
     db: psycopg.Connection,
-    woken: EdgeWorker,
+    woken: Woken,
 ) -> None:
     with HttpSink(status=503) as upstream:  # what A's first attempt finds
         ids = enqueue_workflow(deno, workflow_function, postgrest, "failure", upstream.url)
@@ -220,7 +233,7 @@ def test_the_docs_edge_example_runs_as_written(
     workflow_function: Path,
     postgrest: PostgRESTStandIn,
     db: psycopg.Connection,
-    woken: EdgeWorker,
+    woken: Woken,
 ) -> None:
     assert json.dumps(ALBUM_RESULT) in DOC.read_text().replace("\n", " ")
     album = enqueue_workflow(deno, workflow_function, postgrest, "album")["album"]
