@@ -3,7 +3,8 @@
 from its own layer or the layers below it.
 
 The layers, bottom first (the package's __init__.py and docs/architecture.md say the same):
-  0. handlers/ (the user's), settings.py, registry.py (what a handler imports), __init__.py
+  0. handlers/ (the user's), settings.py, registry.py and dependencies.py (what a handler
+     imports), __init__.py
   1. queue/: the queue client
   2. worker/ and dashboard/
   3. cli/ and __main__.py: the entry points; testing/: the helpers of the project's own tests
@@ -21,7 +22,7 @@ import pytest
 from testkit.project import PYTHON_VARIANTS, Variant, render
 
 LAYERS = (
-    ("handlers", "settings", "registry", "__init__"),
+    ("handlers", "settings", "registry", "dependencies", "__init__"),
     ("queue",),
     ("worker", "dashboard"),
     ("cli", "__main__", "testing"),

@@ -43,6 +43,9 @@ HANDLERS = Path(__file__).parent / "handlers"
 PROBE = HANDLERS / "e2e_probe.py"
 # The probe's handler again, for a kind with its own Backoff.
 PROBE_BACKOFF = HANDLERS / "e2e_probe_backoff.py"
+# A workflow's step (tests/worker/test_worker_workflows.py): records what its dependencies
+# returned.
+WORKFLOW_STEP = HANDLERS / "e2e_workflow.py"
 
 
 # The kind the second service of the shared-queue test handles (and the first does not).
@@ -81,7 +84,7 @@ def install(template: Path, root: Path, variant: Variant) -> Installed:
         cwd=path,
         env={"UV_PROJECT_ENVIRONMENT": str(venv)},
     )
-    src = with_handlers(path / "src", root / "e2e" / "src", PROBE, PROBE_BACKOFF)
+    src = with_handlers(path / "src", root / "e2e" / "src", PROBE, PROBE_BACKOFF, WORKFLOW_STEP)
     return Installed(variant, path, venv, src)
 
 

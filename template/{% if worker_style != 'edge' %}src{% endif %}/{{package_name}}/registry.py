@@ -24,9 +24,11 @@ import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, TypeVar, get_type_hints
+from typing import Any, TypeVar, get_type_hints, overload
 
 from pydantic import BaseModel, ValidationError
+
+from .dependencies import NO_DEPENDENCIES, Dependencies, Kind
 
 DEFAULT_TIMEOUT = 300.0
 
@@ -48,6 +50,9 @@ class JobInfo:
     # The user who submitted the job from the app (their auth.users id), for jobs a signed-in
     # user submitted with <schema>_public.client_enqueue(); None for the others.
     owner: str | None = None
+    # What the jobs it depended on (enqueued with depends_on, or a Workflow's steps) ended
+    # with, by id and by kind (dependencies.py); empty for a job that depended on none.
+    dependencies: Dependencies = NO_DEPENDENCIES
     # Set by the worker. A test that calls a handler directly may pass its own (one that
     # records what is reported, say), or none: progress then goes nowhere.
     progress_reporter: ProgressReporter | None = field(default=None, repr=False, compare=False)
@@ -143,6 +148,10 @@ class Backoff:
 # A handler returns its job's result, or None.
 HandlerFunc = Callable[[Any, JobInfo], Awaitable[Any]]
 F = TypeVar("F", bound=HandlerFunc)
+P = TypeVar("P", bound=BaseModel)
+R = TypeVar("R")
+# The handler of a Kind: takes its payload model, returns its result type.
+TypedHandler = Callable[[P, JobInfo], Awaitable[R]]
 
 
 @dataclass(frozen=True)
@@ -159,14 +168,37 @@ class Registry:
     def __init__(self) -> None:
         self._handlers: dict[str, Registration] = {}
 
+    @overload
+    def handler(
+        self,
+        kind: Kind[P, R],
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        backoff: Backoff | None = None,
+    ) -> Callable[[TypedHandler[P, R]], TypedHandler[P, R]]: ...
+
+    @overload
     def handler(
         self, kind: str, *, timeout: float = DEFAULT_TIMEOUT, backoff: Backoff | None = None
-    ) -> Callable[[F], F]:
+    ) -> Callable[[F], F]: ...
+
+    def handler(
+        self,
+        kind: str | Kind[Any, Any],
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        backoff: Backoff | None = None,
+    ) -> Callable[[Any], Any]:
         """Register an async function as the handler of `kind` (stopped after `timeout`
-        seconds; its failed attempts retried after `backoff`, or the database's curve)."""
+        seconds; its failed attempts retried after `backoff`, or the database's curve). Given a
+        Kind (dependencies.py), the handler must take its payload model and return its result
+        type (mypy checks it; the payload model is checked here too)."""
+        name = kind.name if isinstance(kind, Kind) else kind
 
         def register(func: F) -> F:
-            self.add(kind, func, timeout=timeout, backoff=backoff)
+            if isinstance(kind, Kind):
+                _check_kind(kind, _payload_model(name, func))
+            self.add(name, func, timeout=timeout, backoff=backoff)
             return func
 
         return register
@@ -216,6 +248,14 @@ def _payload_model(kind: str, func: HandlerFunc) -> type[BaseModel]:
             "e.g. `async def handle(payload: MyPayload, job: JobInfo) -> None`"
         )
     return model
+
+
+def _check_kind(kind: Kind[Any, Any], model: type[BaseModel]) -> None:
+    if model is not kind.payload:
+        raise TypeError(
+            f"handler for {kind.name!r}: its payload is a {model.__name__}, but {kind!r} "
+            f"takes a {kind.payload.__name__}"
+        )
 
 
 def describe_validation_error(exc: ValidationError) -> str:

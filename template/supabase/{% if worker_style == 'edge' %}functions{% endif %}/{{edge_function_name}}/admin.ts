@@ -50,12 +50,24 @@ export interface EnqueueOptions {
    * handler span joins that trace. The database refuses a malformed one (code 22023).
    */
   traceparent?: string;
+  /**
+   * Runs once these jobs are done (ids of jobs enqueued before), their results in its
+   * handler's `job.dependencies`; a dependency dead-lettered or cancelled cancels it, unless
+   * `onDependencyFailure` is "run". A Workflow (workflow.ts) enqueues many such jobs at once.
+   */
+  dependsOn?: readonly number[];
+  onDependencyFailure?: OnDependencyFailure;
 }
+
+/** What a job does when a job it depends on is dead-lettered or cancelled. */
+export type OnDependencyFailure = "cancel" | "run";
 
 /** One job of enqueueMany(); a taken idempotency key keeps the existing job. */
 export interface NewJob extends Omit<EnqueueOptions, "onConflict"> {
   kind: string;
   payload?: Json;
+  /** Runs once these jobs of the same enqueueMany() call are done (their indexes in it). */
+  dependsOnIndex?: readonly number[];
 }
 
 export type * from "./admin_rows.ts";
@@ -280,7 +292,8 @@ function observationCalls(api: DataApi) {
 export type AdminQueue = ReturnType<typeof adminQueue>;
 
 /** enqueue()'s and enqueue_many()'s arguments for `options`, only those given. */
-function newJobArgs(options: Omit<EnqueueOptions, "onConflict">): Record<string, unknown> {
+/** A job's options as enqueue() and enqueue_many() name them (e.g. `max_attempts`). */
+export function newJobArgs(options: Omit<NewJob, "kind" | "payload">): Record<string, Json> {
   const args: Record<string, unknown> = {
     run_after: options.runAfter === undefined ? undefined : timestamp(options.runAfter),
     idempotency_key: options.idempotencyKey,
@@ -291,8 +304,13 @@ function newJobArgs(options: Omit<EnqueueOptions, "onConflict">): Record<string,
       ? undefined
       : checkedKey(options.concurrencyKey),
     traceparent: options.traceparent,
+    depends_on: options.dependsOn,
+    depends_on_index: options.dependsOnIndex,
+    on_dependency_failure: options.onDependencyFailure,
   };
-  return Object.fromEntries(Object.entries(args).filter(([, value]) => value !== undefined));
+  return Object.fromEntries(
+    Object.entries(args).filter(([, value]) => value !== undefined),
+  ) as Record<string, Json>;
 }
 
 /** A time as the Data API takes it: an ISO timestamp (a string is passed on as it is). */

@@ -3,6 +3,15 @@
 // give their kind its own backoff; the worker (worker.ts) does the rest.
 import { z } from "zod";
 import type { Json } from "./queue.ts";
+import type { Dependencies, Kind } from "./dependencies.ts";
+
+export {
+  defineKind,
+  Dependencies,
+  type Dependency,
+  type Kind,
+  NO_DEPENDENCIES,
+} from "./dependencies.ts";
 
 /** The job a handler is running. */
 export interface Job {
@@ -19,6 +28,11 @@ export interface Job {
    * user submitted with `<schema>_public.client_enqueue()`; null for the others.
    */
   owner: string | null;
+  /**
+   * What the jobs it depended on (enqueued with `dependsOn`, or a Workflow's steps) ended
+   * with, by id and by kind (dependencies.ts); empty for a job that depended on none.
+   */
+  dependencies: Dependencies;
 }
 
 export interface JobContext {
@@ -187,16 +201,34 @@ export type JobHandler =
 export type HandlerMap = Readonly<Record<string, JobHandler>>;
 
 /**
- * A handler for one job kind: the payload is validated with `schema` first, and a payload
+ * A handler for one job kind: the payload is validated with `schema` first (a Kind's payload
+ * schema, when given a Kind: then `run` must return the Kind's result type), and a payload
  * that does not match fails the job for good, with zod's message as the job's last_error.
  * What `run` returns becomes the job's result. `options.backoff`: the kind's own delays
  * between failed attempts (e.g. `{ base: 30, factor: 3, cap: 1800, jitter: 0.2 }`).
  */
+export function defineHandler<Payload extends z.ZodType, Result extends z.ZodType>(
+  kind: Kind<Payload, Result>,
+  run: (
+    payload: z.output<Payload>,
+    context: JobContext,
+  ) => Promise<z.input<Result>> | z.input<Result>,
+  options?: HandlerOptions,
+): JobHandler;
 export function defineHandler<Schema extends z.ZodType, Result>(
   schema: Schema,
   run: (payload: z.output<Schema>, context: JobContext) => Promise<Result> | Result,
+  options?: HandlerOptions,
+): JobHandler;
+export function defineHandler(
+  schemaOrKind: z.ZodType | Kind<z.ZodType, z.ZodType>,
+  run: (payload: unknown, context: JobContext) => unknown,
   options: HandlerOptions = {},
 ): JobHandler {
+  // A Kind (dependencies.ts): its payload schema, and its result type for `run` to return.
+  const schema = "result" in schemaOrKind && "payload" in schemaOrKind
+    ? schemaOrKind.payload
+    : schemaOrKind as z.ZodType;
   const handler: JobHandler = async (payload, context) => {
     const parsed = schema.safeParse(payload);
     if (!parsed.success) {

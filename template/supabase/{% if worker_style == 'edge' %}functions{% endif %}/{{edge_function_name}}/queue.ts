@@ -137,6 +137,11 @@ export interface WorkerQueue {
   clientKinds(signal?: AbortSignal): Promise<string[]>;
   /** The owner of each of these jobs that a signed-in user submitted (`job_owners()`). */
   jobOwners(ids: readonly number[], signal?: AbortSignal): Promise<Map<number, string>>;
+  /**
+   * What the jobs job `id` depends on ended with (`dependency_results()`: id, kind, status,
+   * result, error), for a job whose payload had their results left out (too large).
+   */
+  dependencyResults(id: number, signal?: AbortSignal): Promise<unknown[]>;
 }
 
 /** The whole queue: the worker's calls, and the rest of the SQL contract for app code. */
@@ -171,6 +176,11 @@ const ownerRows = rowsOf<{ id: number; owner: string }>("job owners", {
   id: "number",
   owner: "string",
 });
+const deps = rowsOf<Record<string, unknown>>("dependency results", {
+  id: "number",
+  kind: "string",
+  status: "string",
+});
 const configRow = shape<{ max_result_bytes: number }[]>(
   "the config row, with its max_result_bytes",
   (value) =>
@@ -198,10 +208,7 @@ export function workerQueue(api: DataApi): WorkerQueue {
           kinds,
           queue,
           ...(leaseSeconds === undefined ? {} : { lease_seconds: leaseSeconds }),
-          // Only when a job has one: without results, completions are kept by batch.
-          ...(done.some(({ result }) => result !== null)
-            ? { done_results: done.map(({ result }) => result) }
-            : {}),
+          ...doneResults(done),
         },
         claimedRows,
         signal,
@@ -242,7 +249,22 @@ export function workerQueue(api: DataApi): WorkerQueue {
       const rows = await api.call("job_owners", { job_ids: ids }, ownerRows, signal);
       return new Map(rows.map(({ id, owner }) => [id, owner]));
     },
+    dependencyResults: (job_id, signal) => api.call("dependency_results", { job_id }, deps, signal),
   };
+}
+
+/**
+ * complete_and_claim()'s `done_results`, only when a job has one (without results, completions
+ * are kept by batch). A JSON array in an array argument would be read as a dimension of it
+ * (`[["a", "b"]]`: two results), so the results go as a Postgres array literal, each one's
+ * JSON text an element: `{"[\"a\", \"b\"]",NULL}`.
+ */
+function doneResults(done: readonly DoneJob[]): { done_results?: string } {
+  if (!done.some(({ result }) => result !== null)) return {};
+  const quoted = done.map(({ result }) =>
+    result === null ? "NULL" : `"${JSON.stringify(result).replace(/[\\"]/g, "\\$&")}"`
+  );
+  return { done_results: `{${quoted.join(",")}}` };
 }
 
 /** fail()'s arguments: `retry_in` only when the worker chose the delay, `error_type` when known. */

@@ -196,7 +196,7 @@ Deno.test("results go with completions only when a job has one", async () => {
         max_jobs: 10,
         kinds: ["ok"],
         queue: "mail",
-        done_results: [null, [1]],
+        done_results: '{NULL,"[1]"}',
       },
     ]);
   });

@@ -7,6 +7,12 @@
 // release the job.
 import type { Job } from "./job.ts";
 import { type HandlerMap, PermanentError } from "./job.ts";
+import {
+  Dependencies,
+  dependenciesFromRows,
+  NO_DEPENDENCIES,
+  takeDependencies,
+} from "./dependencies.ts";
 import type { ClaimedJob, Json, WorkerQueue } from "./queue.ts";
 import type { Clock } from "./clock.ts";
 import type { LogEvent } from "./log.ts";
@@ -56,12 +62,17 @@ export async function runJob(
           "register it in handlers/mod.ts",
       );
     }
+    let { payload, dependencies } = handlerInput(job);
+    if (dependencies.resultsOmitted) {
+      const rows = await queue.dependencyResults(job.id, callSignal());
+      dependencies = dependenciesFromRows(rows, true);
+    }
     // A handler that ignores the signal is abandoned when it fires, so one stuck job
     // cannot hold its slot past the drain's deadline or its lease.
     const returned = await Promise.race([
       meter.hold(() =>
-        handlers[job.kind](job.payload, {
-          job: toJob(job),
+        handlers[job.kind](payload, {
+          job: toJob(job, dependencies),
           signal,
           reportProgress: (progress) => queue.progress(job, progress, callSignal()),
         })
@@ -82,6 +93,19 @@ export async function runJob(
       error: error ?? new Error("handler threw no error value"),
       cut: signal.aborted,
     };
+  }
+}
+
+/**
+ * The payload the handler of `job` is given, without `_dependencies`, and what they ended
+ * with (their results still to fetch when the queue left them out: `resultsOmitted`).
+ * Malformed dependencies fail the job for good.
+ */
+function handlerInput(job: ClaimedJob): { payload: unknown; dependencies: Dependencies } {
+  try {
+    return takeDependencies(job.payload);
+  } catch (error) {
+    throw new PermanentError(`invalid payload for ${job.kind}: ${describe(error, false)}`);
   }
 }
 
@@ -124,7 +148,7 @@ function abandonedWhenAborted(signal: AbortSignal): Promise<never> {
   });
 }
 
-export function toJob(job: ClaimedJob): Job {
+export function toJob(job: ClaimedJob, dependencies = NO_DEPENDENCIES): Job {
   return {
     id: job.id,
     kind: job.kind,
@@ -133,6 +157,7 @@ export function toJob(job: ClaimedJob): Job {
     maxAttempts: job.max_attempts,
     concurrencyKey: job.concurrency_key,
     owner: job.owner ?? null,
+    dependencies,
   };
 }
 

@@ -169,6 +169,13 @@ export class MemoryQueue implements WorkerQueue {
     );
   }
 
+  /** What dependencyResults() answers for each job id (none: no rows). */
+  dependencyRows = new Map<number, unknown[]>();
+
+  dependencyResults(id: number): Promise<unknown[]> {
+    return Promise.resolve(this.dependencyRows.get(id) ?? []);
+  }
+
   checkins: { worker: string; queue: string; kinds: string[] }[] = [];
 
   checkin(worker: string, queue: string, kinds: string[]): Promise<void> {

@@ -12,6 +12,7 @@
 // with the job; a handler still running after `timeoutMs` rejects with HandlerTimedOut.
 // jobContext() is a bare context, to call a handler yourself.
 import type { HandlerMap, Job, JobContext } from "./job.ts";
+import { type Dependencies, NO_DEPENDENCIES } from "./dependencies.ts";
 import { handlers as projectHandlers } from "./handlers/mod.ts";
 import { type ClaimedJob, type Json, MAX_RESULT_BYTES, type WorkerQueue } from "./queue.ts";
 import { runJob as runInSlot } from "./run_job.ts";
@@ -64,7 +65,7 @@ export async function runJob(
   const job = { ...defaultJob(kind), ...options.job, kind };
   const progress: Json[] = [];
   // Through JSON, as the queue stores it: a value JSON cannot hold fails here.
-  const asStored = JSON.parse(JSON.stringify(payload ?? {}));
+  const asStored = withDependencies(JSON.parse(JSON.stringify(payload ?? {})), job.dependencies);
   const claimed: ClaimedJob = {
     id: job.id,
     queue: job.queue,
@@ -110,6 +111,13 @@ export async function runJob(
   throw outcome.error;
 }
 
+/** The payload as the queue hands it to a job with these dependencies (`_dependencies`). */
+function withDependencies(payload: unknown, dependencies: Dependencies): unknown {
+  if (dependencies.size === 0) return payload;
+  const entries = [...dependencies.byId.values()].map(({ id, ...rest }) => [String(id), rest]);
+  return { ...(payload as Record<string, unknown>), _dependencies: Object.fromEntries(entries) };
+}
+
 function defaultJob(kind: string): Job {
   return {
     id: 1,
@@ -119,6 +127,7 @@ function defaultJob(kind: string): Job {
     maxAttempts: 5,
     concurrencyKey: null,
     owner: null,
+    dependencies: NO_DEPENDENCIES,
   };
 }
 
@@ -150,6 +159,7 @@ export function jobContext(
       maxAttempts: 5,
       concurrencyKey: null,
       owner: null,
+      dependencies: NO_DEPENDENCIES,
       ...job,
     },
     signal: new AbortController().signal,

@@ -22,6 +22,7 @@ from .types import (
     Metric,
     NewJob,
     OnConflict,
+    OnDependencyFailure,
     QueueState,
     Schedule,
     ThroughputPoint,
@@ -83,12 +84,17 @@ class QueueFunctions(ABC):
         concurrency_key: str | None = None,
         on_conflict: OnConflict = "keep",
         traceparent: str | None = None,
+        depends_on: Sequence[int] | None = None,
+        on_dependency_failure: OnDependencyFailure = "cancel",
     ) -> int:
         """Enqueue one job and return its id. With a taken idempotency key, the existing
         job's id, the job kept or changed as `on_conflict` says. Jobs sharing a
         `concurrency_key` run at most the key's limit at once (set_concurrency_limit()). A
         W3C `traceparent` is kept with the job for its handler's span (trace_contexts());
-        Refused when malformed."""
+        Refused when malformed. With `depends_on` (job ids), it runs once they are all done,
+        their results in its handler's job.dependencies; a dependency dead-lettered or
+        cancelled cancels it, unless `on_dependency_failure` is 'run' (a Workflow,
+        queue/workflow.py, enqueues many such jobs at once)."""
         args: dict[str, Any] = {
             "kind": kind,
             "payload": Json(payload or {}),
@@ -102,6 +108,9 @@ class QueueFunctions(ABC):
         }
         if run_after is not None:  # else the function's default: now
             args["run_after"] = run_after
+        if depends_on is not None:
+            args["depends_on"] = list(depends_on)
+            args["on_dependency_failure"] = on_dependency_failure
         return int((await self.call("enqueue", args))[0]["enqueue"])
 
     async def enqueue_many(self, jobs: list[NewJob]) -> list[int]:
@@ -109,6 +118,11 @@ class QueueFunctions(ABC):
         batch = [job.model_dump(mode="json", exclude_none=True) for job in jobs]
         rows = await self.call("enqueue_many", {"jobs": Json(batch)})
         return [int(row["enqueue_many"]) for row in rows]
+
+    async def dependency_results(self, job_id: int) -> list[Row]:
+        """What the jobs `job_id` depends on ended with: id, kind, status, result, error (the
+        worker reads them here when the queue left them out of the job's payload)."""
+        return await self.call("dependency_results", {"job_id": job_id})
 
     async def job(self, job_id: int) -> JobState | None:
         """One job by id, live or finished; None for an unknown id (or one pruned)."""

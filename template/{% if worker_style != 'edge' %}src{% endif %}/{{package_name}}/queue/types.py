@@ -10,6 +10,10 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel
 
+# What a job does when a job it depends on is dead-lettered or cancelled: it is cancelled too
+# (`cancel`), or it runs anyway, told which failed (`run`).
+OnDependencyFailure = Literal["cancel", "run"]
+
 
 class NewJob(BaseModel):
     """One job for enqueue_many(); unset fields take the queue's defaults."""
@@ -25,6 +29,13 @@ class NewJob(BaseModel):
     # A W3C traceparent (00-<trace-id>-<parent-id>-<flags>): the job's handler span joins
     # that trace. The database refuses a malformed one.
     traceparent: str | None = None
+    # Run only once these jobs are done (ids of jobs enqueued before), and these jobs of the
+    # same enqueue_many() call (their indexes in its list): a Workflow's steps
+    # (queue/workflow.py). What a failed or cancelled dependency does to this job:
+    # `cancel` it (the default) or `run` it anyway (job.dependencies says which failed).
+    depends_on: list[int] | None = None
+    depends_on_index: list[int] | None = None
+    on_dependency_failure: OnDependencyFailure | None = None
 
 
 # What enqueue() does when a live job already holds its idempotency key: `keep` it as it is,

@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from ..dependencies import NO_DEPENDENCIES, Dependencies
 from ..queue.results import MAX_PROGRESS_BYTES, to_json_text
 from ..registry import JobInfo, Registry, describe_validation_error, load_handlers
 
@@ -58,11 +59,14 @@ async def run_job_async(
     attempt: int = 1,
     max_attempts: int = 5,
     owner: str | None = None,
+    dependencies: Dependencies = NO_DEPENDENCIES,
 ) -> HandlerRun:
     """Run the handler of `kind` on `payload` (a dict, as enqueued, or the payload model) as
     attempt `attempt` of `max_attempts` of job `job_id` on `queue`, for `owner` (a user id, for
-    a job a signed-in user submitted). `registry`: the handlers (default: handlers/);
-    `timeout`: seconds (default: the kind's). For tests that run in an event loop already."""
+    a job a signed-in user submitted), with what the jobs it depended on ended with
+    (`dependencies`, e.g. Dependencies.from_rows([{"id": 1, "kind": ..., "status": "done",
+    "result": ...}])). `registry`: the handlers (default: handlers/); `timeout`: seconds
+    (default: the kind's). For tests that run in an event loop already."""
     handlers = registry if registry is not None else load_handlers()
     registration = handlers.get(kind)
     if registration is None:
@@ -85,7 +89,9 @@ async def run_job_async(
         progress.append(json.loads(text))
         return True
 
-    info = JobInfo(job_id, kind, queue, attempt, max_attempts, owner, progress_reporter=report)
+    info = JobInfo(
+        job_id, kind, queue, attempt, max_attempts, owner, dependencies, progress_reporter=report
+    )
     seconds = registration.timeout if timeout is None else timeout
     try:
         async with asyncio.timeout(seconds) as deadline:

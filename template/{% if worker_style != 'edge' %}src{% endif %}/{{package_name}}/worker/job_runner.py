@@ -22,8 +22,9 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
+from ..dependencies import Dependencies, take_dependencies
 from ..queue import Job, JsonText, QueueUnavailable
 from ..queue.results import MAX_PROGRESS_BYTES, NotStorable, to_json_text
 from ..registry import (
@@ -116,17 +117,11 @@ class JobRunner:
         started = time.monotonic()
         if log.isEnabledFor(logging.INFO):
             log.info("job started", extra={"event": "job.start", **job_fields(job)})
-        if job.payload_error is not None:
-            error = f"invalid payload for {job.kind!r}: {job.payload_error}"
-            await self._fail(job, error, "InvalidPayload", retryable=False, started=started)
+        prepared = await self._prepare(job, registration, started)
+        if prepared is None:
             return
-        try:
-            payload = registration.payload_model.model_validate(job.payload)
-        except ValidationError as exc:
-            error = f"invalid payload for {job.kind!r}: {describe_validation_error(exc)}"
-            await self._fail(job, error, "InvalidPayload", retryable=False, started=started)
-            return
-        info = self._info(job, owner)
+        payload, dependencies = prepared
+        info = self._info(job, owner, dependencies)
         tracing, began = self.context.tracing, time.monotonic()
         try:
             # No timer per job: the lease keeper cancels this task when its time is up. The
@@ -157,6 +152,36 @@ class JobRunner:
             return
         self.completions.add(job, started, result, self.keeper.lease_ends(task))
 
+    async def _prepare(
+        self, job: Job, registration: Registration, started: float
+    ) -> tuple[BaseModel, Dependencies] | None:
+        """The payload of `job` as its handler's model, and what its dependencies ended with
+        (taken out of the payload; fetched when the queue left their results out). None when
+        the job failed instead: a payload that does not fit fails it for good; the queue
+        unavailable for its dependencies' results fails the attempt."""
+        try:
+            if job.payload_error is not None:
+                raise ValueError(job.payload_error)
+            body, dependencies = take_dependencies(job.payload)
+            payload = registration.payload_model.model_validate(body)
+        except ValidationError as exc:
+            error = f"invalid payload for {job.kind!r}: {describe_validation_error(exc)}"
+            await self._fail(job, error, "InvalidPayload", retryable=False, started=started)
+            return None
+        except ValueError as exc:
+            error = f"invalid payload for {job.kind!r}: {exc}"
+            await self._fail(job, error, "InvalidPayload", retryable=False, started=started)
+            return None
+        if dependencies.results_omitted:
+            try:
+                rows = await self.context.queue.dependency_results(job.id)
+            except QueueUnavailable as exc:
+                error = f"the results of its dependencies could not be read: {exc}"
+                await self._fail(job, error, "QueueUnavailable", retryable=True, started=started)
+                return None
+            dependencies = Dependencies.from_rows(rows, results_omitted=True)
+        return payload, dependencies
+
     async def _raised(
         self, job: Job, registration: Registration, exc: Exception, started: float
     ) -> None:
@@ -178,8 +203,9 @@ class JobRunner:
             job, error, _type_name(exc), retryable=True, started=started, retry_in=retry_in
         )
 
-    def _info(self, job: Job, owner: str | None) -> JobInfo:
-        """What the handler of `job` is told about it (`owner`: who submitted it, if a user)."""
+    def _info(self, job: Job, owner: str | None, dependencies: Dependencies) -> JobInfo:
+        """What the handler of `job` is told about it (`owner`: who submitted it, if a user;
+        `dependencies`: what the jobs it depended on ended with)."""
         return JobInfo(
             job.id,
             job.kind,
@@ -187,6 +213,7 @@ class JobRunner:
             job.attempts,
             job.max_attempts,
             owner,
+            dependencies,
             progress_reporter=functools.partial(self._report_progress, job),
         )
 
