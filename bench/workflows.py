@@ -12,7 +12,8 @@ each call completing the batch the previous one claimed (CLAIM_BATCH, as queue_s
 with OUTPUT as every job's result (done_results), and claiming the next. A dependent job's
 payload must hold, under `_dependencies`, each of its dependencies done with OUTPUT as its
 result (checked as it is claimed). A call that claims nothing ends the process when nothing is
-queued or waiting any more; otherwise it polls again after POLL_S (what a wake-up would do).
+queued, waiting or claimed by another process any more; otherwise it polls again after POLL_S
+(where a worker would be woken).
 Each process warms up on a 2-job chain in a queue of its own before the go. Figures, named as
 pgflow's: steps_per_s (jobs completed a second, from the go to the last completion, the fan-in
 job included), runs_per_s, start_runs_per_s, server_cpu_us_per_step (the drain's backends'
@@ -56,9 +57,11 @@ CALL = (
 ENQUEUE = (
     f"select array_agg(x order by n) from {S}.enqueue_many(%s::jsonb) with ordinality as t(x, n)"
 )
+# (a job another process holds may release more when it completes)
 MORE_TO_COME = (
     f"select exists (select from {S}.waiting_jobs) "
-    f"or exists (select from {S}.jobs as j where j.queue = %s)"
+    f"or exists (select from {S}.jobs as j where j.queue = %(q)s) "
+    f"or exists (select from {S}.claims as c where c.queue = %(q)s)"
 )
 # OUTPUT as an element of a jsonb[] literal: quoted, its quotes and backslashes escaped
 _RESULT = '"' + OUTPUT.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -157,11 +160,13 @@ class Drainer:
         return len(claimed)
 
     def drain(self) -> None:
-        """Steps until a call claims nothing and nothing is queued or waiting any more."""
+        """Steps until a call claims nothing and nothing is queued, waiting or held by another
+        process any more."""
         while True:
             if self.step():
                 continue
-            if not self.conn.execute(MORE_TO_COME, (self.queue,), prepare=True).fetchone()[0]:
+            more = self.conn.execute(MORE_TO_COME, {"q": self.queue}, prepare=True).fetchone()[0]
+            if not more:
                 return
             time.sleep(POLL_S)
 
