@@ -366,6 +366,13 @@ def test_enqueue_many_enqueues_a_whole_workflow_and_the_list_finds_it(
         "select id, status from pgqueue.list_jobs('waiting', workflow => %s)", (outside,)
     ).fetchall()
     assert listed == [(notify, "waiting"), (merge, "waiting")]
+    # found whole by any of its jobs' ids, the second first job's among them
+    assert (
+        db.execute(
+            "select id, status from pgqueue.list_jobs('waiting', workflow => %s)", (extract2,)
+        ).fetchall()
+        == listed
+    )
     assert db.execute(
         "select pgqueue.count_jobs('queued', workflow => %s)", (outside,)
     ).fetchone() == (3,)
@@ -467,6 +474,42 @@ def test_dependents_enqueued_while_their_dependency_completes_never_stay_waiting
             (running,) = claim_all(db)
             assert running["id"] == dependency
             at_once(partial(complete, worker, running), partial(enqueue_three, dependency))
+            (waiting,) = db.execute("select count(*) from pgqueue.waiting_jobs").fetchone()
+            if waiting:
+                stuck.append(round_)
+            db.execute("truncate pgqueue.jobs, pgqueue.waiting_jobs, pgqueue.job_dependencies")
+    assert stuck == [], "rounds that left dependents waiting for a done job"
+
+
+def test_dependents_enqueued_while_their_queued_dependency_is_claimed_and_completed(
+    db: psycopg.Connection, stack: Cluster
+) -> None:
+    """The same race with a queued dependency: while an enqueue of jobs that depend on it is
+    open (it holds its transaction 20 ms), a worker keeps claiming and completing; the
+    dependency is claimed only once the enqueue committed, or its completion sees them."""
+    stuck = []
+    with stack.connect(autocommit=True) as worker, stack.connect(autocommit=True) as app:
+
+        def enqueue_three_slowly(dependency: int) -> None:
+            with app.transaction():
+                for _ in range(3):
+                    enqueue(app, "dependent", dependency)
+                app.execute("select pg_sleep(0.02)")
+
+        def claim_and_complete(dependency: int) -> None:
+            for _ in range(2000):
+                batch = complete_and_claim(worker, max_jobs=10, kinds=["dependency"])
+                for job in batch:
+                    complete(worker, job)
+                if dependency in {j["id"] for j in batch}:
+                    return
+            raise AssertionError(f"job {dependency} was never claimed")
+
+        for round_ in range(40):
+            dependency = enqueue(db, "dependency")
+            at_once(
+                partial(claim_and_complete, dependency), partial(enqueue_three_slowly, dependency)
+            )
             (waiting,) = db.execute("select count(*) from pgqueue.waiting_jobs").fetchone()
             if waiting:
                 stuck.append(round_)
