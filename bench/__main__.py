@@ -30,6 +30,7 @@ from . import (
     wakeups,
     worker_overhead,
     workflow_peers,
+    workflows,
 )
 from . import stack as stack_module
 from .stack import REPO, Stack
@@ -241,11 +242,13 @@ def scenarios(sizes: Sizes) -> dict[str, Callable[[Stack], Figures]]:
         "job_list": lambda s: job_list.measure(s, sizes.job_list_finished, sizes.job_list_queued),
         "pgqueuer": lambda s: _peer("pgqueuer", s, sizes.pgqueuer_jobs),
         "procrastinate": lambda s: _peer("procrastinate", s, sizes.procrastinate_jobs),
-        # pgflow's SQL core, driven as its worker drives it: runs of a chain and of a fan-in
+        # our workflows and pgflow's SQL core, each driven as its worker drives it: runs of a
+        # chain and of a fan-in
         **{
-            f"pgflow_{shape}_{processes}proc": lambda s, shape=shape, runs=runs, p=processes: (
-                workflow_peers.drain(s, shape, runs, p)
+            f"{side}_{shape}_{processes}proc": lambda s, d=drain, w=shape, n=runs, p=processes: d(
+                s, w, n, p
             )
+            for side, drain in (("workflow", workflows.drain), ("pgflow", workflow_peers.drain))
             for shape, runs in (("chain", sizes.chain_runs), ("fanin", sizes.fanin_runs))
             for processes in (1, 4)
         },

@@ -49,12 +49,15 @@ def completion_literals(rows: list[tuple[int, str]]) -> tuple[str, str]:
     return array_literal([r[0] for r in rows]), array_literal([r[1] for r in rows])
 
 
-# The queue's state that a scenario starts without: the jobs, the finished jobs (history
-# tables), and the flow control (paused and rate-limited queues, concurrency limits, the
-# running jobs they count).
+# The queue's state that a scenario starts without: the jobs (those waiting for others too, and
+# the workflows' edges), the finished jobs (history tables), and the flow control (paused and
+# rate-limited queues, concurrency limits, the running jobs they count).
 STATE_TABLES = (
     "job_batches",
     "jobs",
+    "waiting_jobs",
+    "job_dependencies",
+    "job_workflows",
     "job_history",
     "done_batches",
     "claims",

@@ -146,6 +146,11 @@ RATIO_TARGETS = (
     # and just before a sweep, after a minute of 1,000 enqueue() calls a second
     RatioTarget("gauges_1m", "metrics_unfolded_ms", maximum=100, unit="ms"),
     RatioTarget("gauges_1m", "stats_unfolded_ms", maximum=100, unit="ms"),
+    # issue 51: workflows (a 3-step chain, a fan-in of 100) at least twice pgflow's steps/s
+    *(
+        RatioTarget(f"workflow_{shape}", "steps_per_s", 2.0, f"pgflow_{shape}")
+        for shape in ("chain_1proc", "chain_4proc", "fanin_1proc", "fanin_4proc")
+    ),
 )
 
 

@@ -61,16 +61,18 @@ SCENARIOS = {
         for finish in ("delete", "archive")
         for processes in (1, 4)
     },
-    # pgflow, the workflow peer (issue 51): runs of a chain and of a fan-in, drained by its
-    # worker's SQL calls (the run fails unless each run completed with each step run once)
+    # our workflows and pgflow, the workflow peer (issue 51): runs of a chain and of a fan-in,
+    # drained by each one's worker's SQL calls (the run fails unless each run completed with
+    # each step run once, and for ours each dependent given its dependencies' results)
     **{
-        f"pgflow_{shape}_{processes}proc": {
+        f"{side}_{shape}_{processes}proc": {
             "steps_per_s",
             "runs_per_s",
             "start_runs_per_s",
             "server_cpu_us_per_step",
             "start_server_cpu_us_per_run",
         }
+        for side in ("workflow", "pgflow")
         for shape in ("chain", "fanin")
         for processes in (1, 4)
     },
@@ -171,6 +173,12 @@ def test_bench_runs_every_scenario_on_a_tiny_size(tmp_path: Path) -> None:
         assert {"vs_pgqueuer", "vs_procrastinate", "vs_pgmq"} <= set(ours), scenario
         pgmq = scenarios[f"pgmq_read_delete_{scenario[-5:]}"]["jobs_per_s"]
         assert ours["vs_pgmq"] == round(ours["median"] / pgmq["median"], 2), scenario
+    # Each workflow figure of ours is compared with pgflow's of the same shape and processes.
+    for shape in ("chain_1proc", "chain_4proc", "fanin_1proc", "fanin_4proc"):
+        for figure in SCENARIOS[f"workflow_{shape}"]:
+            ours = scenarios[f"workflow_{shape}"][figure]
+            pgflow = scenarios[f"pgflow_{shape}"][figure]
+            assert ours["vs_pgflow"] == round(ours["median"] / pgflow["median"], 2), figure
     enqueue = scenarios["enqueue_many"]["jobs_per_s"]
     pgmq = scenarios["pgmq_send_batch"]["jobs_per_s"]
     assert enqueue["vs_pgmq"] == round(enqueue["median"] / pgmq["median"], 2)
@@ -180,9 +188,10 @@ def test_bench_runs_every_scenario_on_a_tiny_size(tmp_path: Path) -> None:
     assert len(segments) == result["sizes"]["churn_jobs"] // result["sizes"]["churn_segment"]
     last_vs_first = churn[segments[-1]]["median"] / churn[segments[0]]["median"]
     assert math.isclose(churn["last_vs_first"]["median"], last_vs_first, rel_tol=0.01)
-    # Each of issue 16's ratio targets (with issue 35's for jobs stored as rows, and issue 38's
-    # four bounds on the gauges' time) is checked against what was measured, and printed.
-    assert len(result["ratio_targets"]) == 16, result["ratio_targets"]
+    # Each of issue 16's ratio targets (with issue 35's for jobs stored as rows, issue 38's
+    # four bounds on the gauges' time and issue 51's four workflow ratios to pgflow) is checked
+    # against what was measured, and printed.
+    assert len(result["ratio_targets"]) == 20, result["ratio_targets"]
     for row in result["ratio_targets"]:
         assert row["ratio"] > 0 and row["worst_ratio"] > 0, row
         if "minimum" in row:
