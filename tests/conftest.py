@@ -161,7 +161,8 @@ def db(stack: Cluster, project: Path) -> Iterator[psycopg.Connection]:
         conn.execute(
             "truncate pgqueue.jobs, pgqueue.job_batches, pgqueue.job_history, pgqueue.done_batches,"
             " pgqueue.claims, pgqueue.claimed_keys, pgqueue.job_progress,"
-            " pgqueue.job_errors, pgqueue.job_snoozes"
+            " pgqueue.job_errors, pgqueue.job_snoozes, pgqueue.waiting_jobs,"
+            " pgqueue.job_dependencies, pgqueue.job_workflows"
             " restart identity;"
             "truncate net.http_request_queue, net._http_response, vault.secrets;"
         )

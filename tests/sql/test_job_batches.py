@@ -73,6 +73,9 @@ def test_one_kind_and_queue_with_nothing_else_set_is_stored_as_one_row(
         "finished_at": None,
         "errors": [],
         "snoozes": 0,
+        "depends_on": [],
+        "dependents": [],
+        "workflow_id": None,
     }
     stats = db.execute(
         "select queue, kind, status, jobs, runnable from pgqueue.stats where status = 'queued'"

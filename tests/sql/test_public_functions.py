@@ -104,7 +104,10 @@ def test_the_grants_list_the_public_functions_and_the_schema_agrees(
         "pgqueue.complete_and_claim(text,bigint[],uuid[],integer,text[],text,integer,jsonb[])"
         in listing
     )
-    assert listing["pgqueue_public.client_enqueue(text,jsonb,text)"][0] == {"anon", "authenticated"}
+    assert listing["pgqueue_public.client_enqueue(text,jsonb,text,bigint[])"][0] == {
+        "anon",
+        "authenticated",
+    }
 
 
 @pytest.mark.parametrize(

@@ -615,6 +615,9 @@ def test_service_role_has_exactly_the_worker_api(db: psycopg.Connection) -> None
         "cancel_jobs",
         # release 1.4.0: a job run again later, its attempt not counted
         "snooze",
+        # release 1.5.0: workflows, drawn, and a job's dependencies' results
+        "workflow",
+        "dependency_results",
     }
     with db.transaction(force_rollback=True):
         db.execute("set local role service_role")
