@@ -1,8 +1,8 @@
 # Dashboard machinery: you should not need to edit this file.
 """The job list: the jobs of a status filtered by kind, queue, time, idempotency key and
-workflow, a page at a time (keyset pages: each starts after the last row of the one before), and the bulk
-actions on the filtered set, retry and cancel, each after a page that says how many jobs it
-will change and asks to confirm.
+workflow, a page at a time (keyset pages: each starts after the last row of the one before),
+and the bulk actions on the filtered set, retry and cancel, each after a page that says how
+many jobs it will change and asks to confirm.
 
 Every figure comes from the queue's SQL (list_jobs(), count_jobs(), retry_jobs(),
 cancel_jobs()): a page reads only its own rows, a count stops at COUNT_CAP, and a bulk action
