@@ -22,6 +22,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from testkit.cluster import Cluster
+from testkit.plans import plans_logged
 from testkit.project import REPO
 from tests.sql.test_hot_path import complete_and_claim
 from tests.support.jobs import job_by_id
@@ -365,6 +366,13 @@ def test_enqueue_many_enqueues_a_whole_workflow_and_the_list_finds_it(
         "select id, status from pgqueue.list_jobs('waiting', workflow => %s)", (outside,)
     ).fetchall()
     assert listed == [(notify, "waiting"), (merge, "waiting")]
+    # found whole by any of its jobs' ids, the second first job's among them
+    assert (
+        db.execute(
+            "select id, status from pgqueue.list_jobs('waiting', workflow => %s)", (extract2,)
+        ).fetchall()
+        == listed
+    )
     assert db.execute(
         "select pgqueue.count_jobs('queued', workflow => %s)", (outside,)
     ).fetchone() == (3,)
@@ -600,3 +608,72 @@ def test_the_docs_sql_example_runs_as_written(db: psycopg.Connection, stack: Clu
         (large, "resize", "done", [], {"path": "beach.jpg@1024w"}),
         (album, "album", "running", [small, large], None),
     ]
+
+
+def test_a_users_waiting_jobs_show_in_my_jobs_and_cancel_with_what_waits_on_them(
+    clients: psycopg.Connection,
+) -> None:
+    db = clients
+    db.execute("select pgqueue.allow_client_kind('report', 100)")
+    user = uuid.uuid4()
+
+    def as_user(sql: str, *args: object) -> list[tuple]:
+        claims = json.dumps({"role": "authenticated", "sub": str(user)})
+        with db.transaction():
+            db.execute("select set_config('role', 'authenticated', true)")
+            db.execute("select set_config('request.jwt.claims', %s, true)", (claims,))
+            return db.execute(sql, args).fetchall()
+
+    ((first,),) = as_user("select pgqueue_public.client_enqueue('report')")
+    ((second,),) = as_user(
+        "select pgqueue_public.client_enqueue('report', depends_on => array[%s]::bigint[])",
+        first,
+    )
+    ((third,),) = as_user(
+        "select pgqueue_public.client_enqueue('report', depends_on => array[%s]::bigint[])",
+        second,
+    )
+    assert as_user("select id, status from pgqueue_public.my_jobs order by id") == [
+        (first, "queued"),
+        (second, "waiting"),
+        (third, "waiting"),
+    ]
+    # the caps count waiting jobs as live
+    assert db.execute("select pgqueue._end_client_jobs('report', null)").fetchone() == (0,)
+    assert as_user("select pgqueue_public.client_cancel(%s)", second) == [(True,)]
+    assert as_user("select id, status from pgqueue_public.my_jobs order by id") == [
+        (first, "queued"),
+        (second, "cancelled"),
+        (third, "cancelled"),
+    ]
+    assert db.execute("select pgqueue._end_client_jobs('report', null)").fetchone() == (2,)
+
+
+def test_completing_plain_jobs_costs_one_index_probe_of_the_dependencies(
+    db: psycopg.Connection,
+) -> None:
+    """What a completion pays for workflows when its jobs have none: one range probe of
+    job_dependencies' key (found empty), never a scan, nor the precise work behind it."""
+    root = enqueue(db, "root")
+    for _ in range(50):
+        enqueue(db, "leaf", root)
+    db.execute(
+        "insert into pgqueue.job_dependencies select g, g + 1 from generate_series(1, 20000) as g"
+    )
+    db.execute("analyze pgqueue.job_dependencies")
+    plain = [
+        r[0]
+        for r in db.execute(
+            "select pgqueue.enqueue_many(%s)",
+            (Jsonb([{"kind": "plain", "priority": 1} for _ in range(20)]),),
+        )
+    ]
+    batch = complete_and_claim(db, max_jobs=20)
+    assert sorted(j["id"] for j in batch) == plain
+    with plans_logged(db) as plans:
+        complete_and_claim(db, batch, max_jobs=0)
+    probes = [p for p in plans if "job_dependencies" in p]
+    assert len(probes) == 1, probes
+    assert "Index Only Scan using job_dependencies_pkey" in probes[0], probes[0]
+    assert "Seq Scan" not in probes[0], probes[0]
+    assert {status(db, x) for x in plain} == {"done"}
