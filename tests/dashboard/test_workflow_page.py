@@ -96,6 +96,8 @@ def test_the_list_filters_by_workflow_and_lists_waiting_jobs(
     assert shown(page) == [wf.d]
     submit_filters(page, status="queued")
     assert shown(page) == [wf.c, wf.b]
+    submit_filters(page, workflow=str(wf.c))  # by any of its jobs' id
+    assert shown(page) == [wf.c, wf.b]
     assert page.get_by_role("link", name="Cancel these jobs…").count() == 0
     # the drawing's counts link to the list of them
     page.goto(f"{dashboard.url}/jobs/{y}")

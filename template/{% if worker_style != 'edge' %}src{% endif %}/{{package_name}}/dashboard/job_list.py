@@ -66,7 +66,7 @@ class JobFilter:
     idempotency_key: str | None = None
     since: datetime | None = None
     until: datetime | None = None
-    workflow: int | None = None  # its first job's id
+    workflow: int | None = None  # the id of any of its jobs
 
     @classmethod
     def parse(cls, fields: Mapping[str, str]) -> JobFilter:
@@ -267,12 +267,12 @@ def _for_action(chosen: JobFilter, action: str) -> JobFilter:
 
 
 def _workflow(fields: Mapping[str, str]) -> int | None:
-    """The workflow filter: its first job's id (as its jobs' pages link to it)."""
+    """The workflow filter: the id of any of its jobs (its pages link with its first job's)."""
     text = fields.get("workflow", "").strip().lstrip("#")
     if not text:
         return None
     if not (text.isascii() and text.isdigit()) or int(text) > 2**63 - 1:
-        raise Refusal(400, "The workflow filter is a job id (its first job's), e.g. 42.")
+        raise Refusal(400, "The workflow filter is the id of one of its jobs, e.g. 42.")
     return int(text)
 
 

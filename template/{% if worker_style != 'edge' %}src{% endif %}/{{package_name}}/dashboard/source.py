@@ -169,7 +169,7 @@ class QueueSource(Protocol):
         workflow: int | None = None,
     ) -> Sequence[Row]:
         """Rows of `list_jobs()`: a page of the jobs of a status that pass the filters given
-        (`workflow`: its first job's id), the newest (finished) first, after the row of
+        (`workflow`: any of its jobs' id), the newest (finished) first, after the row of
         `before_id` (and `before_finished_at`)."""
         ...
 

@@ -145,8 +145,8 @@ class QueueFunctions(ABC):
         workflow: int | None = None,
     ) -> list[Row]:
         """A page of the jobs of `status` (waiting, queued, running, done, failed, cancelled;
-        None only with an idempotency key) that pass the filters given (`workflow`: its first
-        job's id): finished jobs the newest finished first, live ones the newest first. `since`
+        None only with an idempotency key) that pass the filters given (`workflow`: any of its
+        jobs' id): finished jobs the newest finished first, live ones the newest first. `since`
         and `until` bound when a finished job finished and when a live one was created. The
         next page: the last row's id as `before_id` (and its finished_at as
         `before_finished_at`, for finished jobs)."""
