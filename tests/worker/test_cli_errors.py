@@ -27,6 +27,7 @@ COMMANDS = [
     ["dashboard", "--port", "0"],
     ["enqueue", "send_email", EMAIL],
     ["job", "1"],
+    ["workflow", "1"],
     ["stats"],
     ["health"],
     ["dead-letters"],
@@ -216,7 +217,7 @@ def test_a_job_that_does_not_exist(
     installed: Installed, stack_env: dict, db: psycopg.Connection
 ) -> None:
     env = environment(installed, stack_env)
-    for command in ("job", "retry", "cancel"):
+    for command in ("job", "workflow", "retry", "cancel"):
         assert error_line(cli(installed, env, command, "999999")) == (
             "error: no job 999999: it was never enqueued, or it finished longer ago than the "
             "queue keeps jobs (retention_days, dead_letter_retention_days: `config show`)"

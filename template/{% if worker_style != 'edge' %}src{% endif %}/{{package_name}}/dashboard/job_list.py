@@ -1,8 +1,8 @@
 # Dashboard machinery: you should not need to edit this file.
-"""The job list: the jobs of a status filtered by kind, queue, time and idempotency key, a page
-at a time (keyset pages: each starts after the last row of the one before), and the bulk
-actions on the filtered set, retry and cancel, each after a page that says how many jobs it
-will change and asks to confirm.
+"""The job list: the jobs of a status filtered by kind, queue, time, idempotency key and
+workflow, a page at a time (keyset pages: each starts after the last row of the one before),
+and the bulk actions on the filtered set, retry and cancel, each after a page that says how
+many jobs it will change and asks to confirm.
 
 Every figure comes from the queue's SQL (list_jobs(), count_jobs(), retry_jobs(),
 cancel_jobs()): a page reads only its own rows, a count stops at COUNT_CAP, and a bulk action
@@ -26,6 +26,7 @@ from .source import QueueSource, Row
 
 # The statuses, as the list's tabs name them.
 STATUSES = {
+    "waiting": "Waiting",
     "queued": "Queued",
     "running": "Running",
     "done": "Done",
@@ -42,9 +43,13 @@ BULK_SHARE = 500
 ACTIONS = {"retry": ("failed", "cancelled"), "cancel": ("queued",)}
 REFUSED_ACTIONS = {
     "retry": "Only dead letters and cancelled jobs can be retried: list one of those statuses.",
-    "cancel": "Only queued jobs can be cancelled here: list the queued ones (a running job is "
-    "cancelled from its own page).",
+    "cancel": "Only queued jobs can be cancelled here: list the queued ones (a running or "
+    "waiting job is cancelled from its own page).",
 }
+WORKFLOW_REFUSED = (
+    "A bulk action does not take a workflow filter: cancel a workflow from its first job's "
+    "page (what waits for it is cancelled too), or retry its steps from their pages."
+)
 # The longest kind, queue or key a filter takes (the queue's own limit on kinds and queues).
 MAX_TEXT = 200
 
@@ -61,6 +66,7 @@ class JobFilter:
     idempotency_key: str | None = None
     since: datetime | None = None
     until: datetime | None = None
+    workflow: int | None = None  # the id of any of its jobs
 
     @classmethod
     def parse(cls, fields: Mapping[str, str]) -> JobFilter:
@@ -78,13 +84,14 @@ class JobFilter:
             texts["key"],
             _moment(fields, "since"),
             _moment(fields, "until"),
+            _workflow(fields),
         )
 
     def fields(self) -> dict[str, str]:
         """The filters as form fields (and a query string), blank ones left out."""
         named = {"key" if k == "idempotency_key" else k: v for k, v in asdict(self).items()}
         return {
-            name: value.isoformat() if isinstance(value, datetime) else value
+            name: value.isoformat() if isinstance(value, datetime) else str(value)
             for name, value in named.items()
             if value is not None
         }
@@ -136,7 +143,7 @@ class JobList:
             next_page=next_page,
             first_page=chosen.query() if after != (None, None) else None,
             statuses=STATUSES,
-            action=next((a for a, among in ACTIONS.items() if chosen.status in among), None),
+            action=_bulk_action(chosen),
         )
 
     async def confirm(self, request: Request) -> Response:
@@ -172,15 +179,23 @@ class JobList:
             raise Refusal(400, "This form names no time it was counted at: open it again.")
         wanted = _count(form.get("count", ""))
         call = self._source.retry_jobs if action == "retry" else self._source.cancel_jobs
+        filters = {k: v for k, v in asdict(chosen).items() if k != "workflow"}  # None here
         changed = 0
         while changed < wanted:
-            share = await call(**asdict(chosen), max_jobs=min(BULK_SHARE, wanted - changed))
+            share = await call(**filters, max_jobs=min(BULK_SHARE, wanted - changed))
             if share == 0:
                 break
             changed += share
         return self._render(
             "bulk.html", sid, action=action, chosen=chosen, total=wanted, done=changed
         )
+
+
+def _bulk_action(chosen: JobFilter) -> str | None:
+    """The bulk action the list offers for its filters (none for a workflow's jobs)."""
+    if chosen.workflow is not None:
+        return None
+    return next((a for a, among in ACTIONS.items() if chosen.status in among), None)
 
 
 def _inputs(chosen: JobFilter) -> dict[str, str]:
@@ -246,7 +261,19 @@ def _action(request: Request) -> str:
 def _for_action(chosen: JobFilter, action: str) -> JobFilter:
     if chosen.status not in ACTIONS[action]:
         raise Refusal(409, REFUSED_ACTIONS[action])
+    if chosen.workflow is not None:
+        raise Refusal(409, WORKFLOW_REFUSED)
     return chosen
+
+
+def _workflow(fields: Mapping[str, str]) -> int | None:
+    """The workflow filter: the id of any of its jobs (its pages link with its first job's)."""
+    text = fields.get("workflow", "").strip().lstrip("#")
+    if not text:
+        return None
+    if not (text.isascii() and text.isdigit()) or int(text) > 2**63 - 1:
+        raise Refusal(400, "The workflow filter is the id of one of its jobs, e.g. 42.")
+    return int(text)
 
 
 def _count(text: str) -> int:

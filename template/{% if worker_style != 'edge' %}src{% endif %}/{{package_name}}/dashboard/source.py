@@ -87,6 +87,31 @@ class JobRow(Protocol):
     def errors(self) -> Sequence[Any]: ...  # each failed attempt's, oldest first
     @property
     def snoozes(self) -> int: ...
+    # In a workflow: the jobs it waits for and those waiting for it, each {id, kind, status}
+    # (as mappings or objects), and the workflow's id (its first job's); else [], [], None.
+    @property
+    def depends_on(self) -> Sequence[Any]: ...
+    @property
+    def dependents(self) -> Sequence[Any]: ...
+    @property
+    def workflow_id(self) -> int | None: ...
+
+
+class WorkflowStep(Protocol):
+    """A row of `workflow(root)`: one job of a workflow."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def depends_on(self) -> Sequence[int]: ...  # the ids of the jobs it waits for
+    @property
+    def result(self) -> Any: ...
+    @property
+    def last_error(self) -> str | None: ...
 
 
 class QueueSource(Protocol):
@@ -121,6 +146,10 @@ class QueueSource(Protocol):
         """One job by id; None for an unknown (or pruned) one."""
         ...
 
+    async def workflow(self, root: int) -> Sequence[WorkflowStep]:
+        """Every job of the workflow of job `root` (any of its jobs), in id order."""
+        ...
+
     async def retry(self, job_id: int) -> bool:
         """Queue a dead-lettered or cancelled job again; False for any other."""
         ...
@@ -137,9 +166,11 @@ class QueueSource(Protocol):
         before_id: int | None = None,
         before_finished_at: datetime | None = None,
         page_size: int = 50,
+        workflow: int | None = None,
     ) -> Sequence[Row]:
-        """Rows of `list_jobs()`: a page of the jobs of a status that pass the filters given,
-        the newest (finished) first, after the row of `before_id` (and `before_finished_at`)."""
+        """Rows of `list_jobs()`: a page of the jobs of a status that pass the filters given
+        (`workflow`: any of its jobs' id), the newest (finished) first, after the row of
+        `before_id` (and `before_finished_at`)."""
         ...
 
     async def count_jobs(
@@ -152,6 +183,7 @@ class QueueSource(Protocol):
         since: datetime | None = None,
         until: datetime | None = None,
         cap: int = 10_000,
+        workflow: int | None = None,
     ) -> int:
         """`count_jobs()`: how many jobs pass the filters, up to cap + 1 (more than cap)."""
         ...
@@ -186,7 +218,8 @@ class QueueSource(Protocol):
         ...
 
     async def cancel(self, job_id: int) -> bool:
-        """Cancel a queued or running job; False when it has finished."""
+        """Cancel a waiting, queued or running job (and what waits for it); False when it has
+        finished."""
         ...
 
     async def pause(self, queue: str) -> bool:

@@ -28,6 +28,7 @@ from .chart import throughput_chart
 from .forms import Refusal, read_form
 from .job_list import JobList
 from .source import QueueSource, Row
+from .workflow import brief, draw
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ class Views:
             trim_blocks=True,
             lstrip_blocks=True,
         )
-        self._jinja.filters.update(when=when, duration=duration, as_json=as_json)
+        self._jinja.filters.update(when=when, duration=duration, as_json=as_json, brief=brief)
         self.job_list = JobList(source, self._render, self._session, self._check_post)
 
     # --- pages
@@ -168,7 +169,11 @@ class Views:
                 404, f"No job {job_id}: no such job, or it was pruned after the retention."
             )
         notice = NOTICES.get(request.query_params.get("done", ""))
-        return self._render("job.html", sid, job=job, notice=notice)
+        workflow = None
+        if job.workflow_id is not None:
+            steps = await self._source.workflow(job.workflow_id)
+            workflow = draw(job.workflow_id, steps, job.id)
+        return self._render("job.html", sid, job=job, workflow=workflow, notice=notice)
 
     # --- actions
 

@@ -26,6 +26,7 @@ from .types import (
     QueueState,
     Schedule,
     ThroughputPoint,
+    WorkflowStep,
 )
 
 # A row as the transport read it: column name to value.
@@ -129,6 +130,12 @@ class QueueFunctions(ABC):
         rows = await self.call("job", {"job_id": job_id})
         return JobState.model_validate(rows[0]) if rows else None
 
+    async def workflow(self, root: int) -> list[WorkflowStep]:
+        """Every job of the workflow of job `root` (any of its jobs), in id order; [] for an
+        unknown (or pruned) job."""
+        rows = await self.call("workflow", {"root": root})
+        return [WorkflowStep.model_validate(row) for row in rows]
+
     async def retry(self, job_id: int) -> bool:
         """Queue a dead-lettered or cancelled job again with fresh attempts."""
         return bool(await self._value("retry", job_id=job_id))
@@ -149,12 +156,14 @@ class QueueFunctions(ABC):
         before_id: int | None = None,
         before_finished_at: datetime | None = None,
         page_size: int = 50,
+        workflow: int | None = None,
     ) -> list[Row]:
-        """A page of the jobs of `status` (queued, running, done, failed, cancelled; None only
-        with an idempotency key) that pass the filters given: finished jobs the newest finished
-        first, live ones the newest first. `since` and `until` bound when a finished job
-        finished and when a live one was created. The next page: the last row's id as
-        `before_id` (and its finished_at as `before_finished_at`, for finished jobs)."""
+        """A page of the jobs of `status` (waiting, queued, running, done, failed, cancelled;
+        None only with an idempotency key) that pass the filters given (`workflow`: any of its
+        jobs' id): finished jobs the newest finished first, live ones the newest first. `since`
+        and `until` bound when a finished job finished and when a live one was created. The
+        next page: the last row's id as `before_id` (and its finished_at as
+        `before_finished_at`, for finished jobs)."""
         args = {
             "status": status,
             "kind": kind,
@@ -165,12 +174,14 @@ class QueueFunctions(ABC):
             "before_id": before_id,
             "before_finished_at": before_finished_at,
             "page_size": page_size,
+            "workflow": workflow,
         }
         return await self.call("list_jobs", args)
 
     async def count_jobs(self, *, status: str | None, cap: int = 10_000, **filters: Any) -> int:
         """How many jobs of `status` pass the filters of list_jobs() (kind, queue,
-        idempotency_key, since, until), counted up to `cap`: cap + 1 means more than cap."""
+        idempotency_key, since, until, workflow), counted up to `cap`: cap + 1 means more than
+        cap (a workflow's, up to 1,000)."""
         return int(await self._value("count_jobs", status=status, cap=cap, **filters))
 
     async def retry_jobs(self, *, status: str | None, max_jobs: int = 1000, **filters: Any) -> int:

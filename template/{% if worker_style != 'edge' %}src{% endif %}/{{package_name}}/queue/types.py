@@ -57,11 +57,21 @@ class AttemptError(BaseModel):
     message: str
 
 
+class RelatedJob(BaseModel):
+    """A job that another waits for, or that waits for another, as `job(id)` lists them."""
+
+    id: int
+    kind: str | None  # None: pruned
+    status: str | None
+
+
 class JobState(BaseModel):
     """One job as `job(id)` finds it, live or finished: its state, how far it got, what it
     returned, its last error and each failed attempt's (`errors`, oldest first, the newest 20),
-    and how many times it snoozed. Fields a finished job no longer has are None (a done job
-    keeps no payload; one kept by batch, no priority or max_attempts)."""
+    and how many times it snoozed; in a workflow, the jobs it waits for (`depends_on`), those
+    that wait for it (`dependents`) and the workflow's id (its first job's). Fields a finished
+    job no longer has are None (a done job keeps no payload; one kept by batch, no priority or
+    max_attempts)."""
 
     id: int
     queue: str
@@ -82,6 +92,21 @@ class JobState(BaseModel):
     finished_at: datetime | None
     errors: list[AttemptError] = []
     snoozes: int = 0
+    depends_on: list[RelatedJob] = []
+    dependents: list[RelatedJob] = []
+    workflow_id: int | None = None
+
+
+class WorkflowStep(BaseModel):
+    """A row of `workflow(root)`: one job of a workflow, the ids of the jobs it waits for, and
+    its result (kept while a job waits for it, or when the handler returned one) or error."""
+
+    id: int
+    kind: str
+    status: str
+    depends_on: list[int]
+    result: Any
+    last_error: str | None
 
 
 class QueueState(BaseModel):
