@@ -688,8 +688,9 @@ def test_a_users_waiting_jobs_show_in_my_jobs_and_cancel_with_what_waits_on_them
 def test_completing_plain_jobs_costs_one_index_probe_of_the_dependencies(
     db: psycopg.Connection,
 ) -> None:
-    """What a completion pays for workflows when its jobs have none: one range probe of
-    job_dependencies' key (found empty), never a scan, nor the precise work behind it."""
+    """What a completion pays for workflows when its jobs have none: one scan of
+    job_dependencies' key for its ids (none found), never a scan of the table, nor the precise
+    work behind it."""
     root = enqueue(db, "root")
     for _ in range(50):
         enqueue(db, "leaf", root)
