@@ -291,7 +291,7 @@ def test_cancel_jobs_cancels_only_the_filtered_queued_set_a_share_a_call(
         ("count_jobs('queued', cap => 0)", "count_jobs(): cap must be between 1 and 100000, got 0"),
         ("retry_jobs('done')", "retry_jobs() brings back dead letters (failed) and cancelled"),
         ("retry_jobs(max_jobs => 5000)", "retry_jobs(): max_jobs must be between 1 and 1000"),
-        ("cancel_jobs('running')", "cancel_jobs() cancels queued jobs, not running ones"),
+        ("cancel_jobs('running')", "cancel_jobs() cancels queued or waiting jobs, not running"),
     ],
 )
 def test_a_filter_that_cannot_be_served_is_refused_by_name(

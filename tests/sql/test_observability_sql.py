@@ -66,9 +66,15 @@ def claim_kind(db: psycopg.Connection, kind: str, n: int = 10, queue: str = "obs
 
 def fill_every_state(db: psycopg.Connection) -> None:
     """Queue `obs` with jobs queued, scheduled later, running, running past their lease,
-    retrying, done (batched and keyed), dead-lettered and cancelled; queue `held`, paused, with
-    a queued job; finished jobs older than 5 minutes; and workers, one of them long gone."""
-    enqueue_n(db, 3, "queued", queue="obs")
+    retrying, done (batched and keyed), dead-lettered and cancelled, and waiting for a queued
+    one; queue `held`, paused, with a queued job; finished jobs older than 5 minutes; and
+    workers, one of them long gone."""
+    first, *_ = enqueue_n(db, 3, "queued", queue="obs")
+    db.execute(
+        "select pgqueue.enqueue('waits', depends_on => array[%s]::bigint[], queue => 'obs')"
+        " from generate_series(1, 2)",
+        (first,),
+    )
     db.execute(
         "select pgqueue.enqueue('later', run_after => now() + interval '1 hour', queue => 'obs')"
         " from generate_series(1, 2)"
@@ -128,6 +134,7 @@ def test_every_metric_matches_a_direct_count(obs: psycopg.Connection) -> None:
         ),
         ("pgqueue_jobs_running", "status = 'running'"),
         ("pgqueue_jobs_retrying", "status = 'queued' and attempts > 0"),
+        ("pgqueue_jobs_waiting", "status = 'waiting'"),
     ]:
         expected = counts(db, f"select kind, queue, count(*) filter (where {where}) {per_kind}")
         assert of(samples, metric) == expected, metric
@@ -140,6 +147,8 @@ def test_every_metric_matches_a_direct_count(obs: psycopg.Connection) -> None:
     assert of(samples, "pgqueue_jobs_running")[("stuck", "obs")] == 1
     assert of(samples, "pgqueue_jobs_retrying")[("flaky", "obs")] == 2
     assert of(samples, "pgqueue_jobs_runnable")[("flaky", "obs")] == 1
+    assert of(samples, "pgqueue_jobs_waiting")[("waits", "obs")] == 2
+    assert of(samples, "pgqueue_jobs_queued")[("waits", "obs")] == 0
 
     # every queue with live jobs or a state, and nothing else
     queues = {("obs",), ("held",), ("empty",)}
@@ -215,6 +224,7 @@ def test_every_metric_matches_a_direct_count(obs: psycopg.Connection) -> None:
         "pgqueue_jobs_runnable",
         "pgqueue_jobs_running",
         "pgqueue_jobs_retrying",
+        "pgqueue_jobs_waiting",
         "pgqueue_oldest_runnable_age_seconds",
         "pgqueue_expired_leases",
         "pgqueue_dead_letters",

@@ -268,6 +268,81 @@ def test_cancelling_a_workflows_root_cancels_what_waits_on_it(db: psycopg.Connec
     assert [status(db, x) for x in (first, middle, end)] == ["queued", "cancelled", "cancelled"]
 
 
+def test_stats_and_metrics_count_waiting_jobs_per_queue_and_kind(db: psycopg.Connection) -> None:
+    def waiting() -> tuple[dict, dict]:
+        stats = db.execute(
+            "select queue, kind, jobs, runnable from pgqueue.stats where status = 'waiting'"
+        ).fetchall()
+        gauges = db.execute(
+            "select labels->>'queue', labels->>'kind', value from pgqueue.metrics()"
+            " where metric = 'pgqueue_jobs_waiting'"
+        ).fetchall()
+        return (
+            {(q, k): (n, r) for q, k, n, r in stats},
+            {(q, k): v for q, k, v in gauges},
+        )
+
+    a = enqueue(db, "a")
+    enqueue(db, "b", a)
+    enqueue(db, "b", a)
+    enqueue(db, "c", a, queue="wf")
+    stats, gauges = waiting()
+    assert stats == {("default", "b"): (2, 0), ("wf", "c"): (1, 0)}
+    assert gauges == {("default", "a"): 0, ("default", "b"): 2, ("wf", "c"): 1}
+    # a queue whose jobs all wait is a queue the gauges know
+    (paused,) = db.execute(
+        "select value from pgqueue.metrics()"
+        " where metric = 'pgqueue_queue_paused' and labels->>'queue' = 'wf'"
+    ).fetchone()
+    assert paused == 0
+    (job,) = claim_all(db)
+    complete(db, job)
+    stats, gauges = waiting()
+    assert stats == {}
+    assert gauges == {("default", "b"): 0, ("wf", "c"): 0}, "released: queued now"
+
+
+def test_cancel_jobs_and_retry_jobs_take_a_workflow_and_cancel_jobs_waiting_ones(
+    db: psycopg.Connection,
+) -> None:
+    def bulk(call: str, **kw: object) -> int:
+        args = ", ".join(f"{k} => %({k})s" for k in kw)
+        return db.execute(f"select pgqueue.{call}({args})", kw).fetchone()[0]
+
+    a = enqueue(db, "a")
+    b = enqueue(db, "b", a)
+    c = enqueue(db, "c", a)
+    f = enqueue(db, "f", b)
+    d = enqueue(db, "d")
+    e = enqueue(db, "b", d)  # another workflow's waiting `b`
+    plain = enqueue(db, "a")
+    # a waiting job has no key: a key matches none of them (and cancels nothing)
+    assert bulk("cancel_jobs", status="waiting", idempotency_key="k") == 0
+    # the waiting `b` of a's workflow (by any of its jobs' ids), and what waits on it
+    assert bulk("cancel_jobs", status="waiting", kind="b", workflow=c) == 1
+    assert [status(db, x) for x in (a, b, c, f, d, e)] == [
+        *("queued", "cancelled", "waiting", "cancelled", "queued", "waiting"),
+    ]
+    assert job_by_id(db, b)["last_error"] is None
+    assert job_by_id(db, f)["last_error"] == f"dependency {b} was cancelled"
+    # queued ones of the workflow only: its first job, and what waits on it goes along
+    assert bulk("cancel_jobs", status="queued", workflow=a) == 1
+    assert [status(db, x) for x in (a, c, d, plain)] == [
+        *("cancelled", "cancelled", "queued", "queued"),
+    ]
+    assert bulk("cancel_jobs", workflow=d) == 1  # null: the queued ones
+    assert status(db, e) == "cancelled"
+    # retry_jobs() brings back a's workflow alone, its steps waiting again in order
+    assert bulk("retry_jobs", workflow=b) == 4
+    assert [status(db, x) for x in (a, b, c, f, d, e)] == [
+        *("queued", "waiting", "waiting", "waiting", "cancelled", "cancelled"),
+    ]
+    ran = [job["id"] for job in run(db)]
+    assert sorted(ran) == sorted([a, b, c, f, plain])
+    assert ran.index(a) < ran.index(b) < ran.index(f) and ran.index(a) < ran.index(c)
+    assert bulk("cancel_jobs", status="waiting", workflow=d) == 0
+
+
 def test_retrying_a_dead_lettered_step_resumes_its_dependents(db: psycopg.Connection) -> None:
     a = enqueue(db, "a")
     b = enqueue(db, "b", a)
