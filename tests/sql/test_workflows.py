@@ -789,3 +789,19 @@ def test_completing_plain_jobs_costs_one_index_probe_of_the_dependencies(
     assert "Index Only Scan using job_dependencies_pkey" in probes[0], probes[0]
     assert "Seq Scan" not in probes[0], probes[0]
     assert {status(db, x) for x in plain} == {"done"}
+
+
+def test_a_waiting_job_has_no_idempotency_key_to_list_or_count_it_by(
+    db: psycopg.Connection,
+) -> None:
+    """list_jobs('waiting', idempotency_key => ...) finds none (a waiting job has no key) and
+    count_jobs() counts none: the key filters, it is not ignored."""
+    root = enqueue(db, "root")
+    waiting = enqueue(db, "leaf", root)
+    listed = db.execute("select id from pgqueue.list_jobs('waiting')").fetchall()
+    assert listed == [(waiting,)]
+    by_key = "select id from pgqueue.list_jobs('waiting', idempotency_key => 'k')"
+    assert db.execute(by_key).fetchall() == []
+    counted = "select pgqueue.count_jobs('waiting', idempotency_key => 'k')"
+    assert db.execute(counted).fetchone() == (0,)
+    assert db.execute("select pgqueue.count_jobs('waiting')").fetchone() == (1,)
