@@ -47,9 +47,11 @@ import json
 import multiprocessing
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -239,26 +241,39 @@ def _drain_loop(
         out.put((done, last, cpu))
 
 
-def drain(stack: Stack, shape: str, runs: int, processes: int) -> dict[str, float]:
-    """`runs` runs of the `shape` flow ("chain" or "fanin") started, then drained by
-    `processes` processes; checked afterwards (check())."""
-    flow = FLOWS[shape]
-    reset(stack)
-    dsn = stack.dsn(DATABASE)
+@dataclass
+class Drained:
+    """What drive() measured: each process's result, its first three (jobs completed, when its
+    last completion was, its backend's CPU seconds up to then); when the go was given; how long
+    starting the runs took and its CPU seconds; and what start() returned."""
+
+    results: list[tuple]
+    started: float
+    start_s: float
+    start_cpu_s: float
+    runs: Any
+
+
+def drive(
+    dsn: str,
+    target: Callable[..., None],
+    names: list[str],
+    start: Callable[[psycopg.Connection], Any],
+) -> Drained:
+    """One process per name running `target(dsn, name, ready, go, out)`: once each is ready
+    (warmed up), the runs are started with start(conn), timed apart, then the go is given and
+    each process's result gathered (ours and pgflow's sides alike)."""
     ctx = multiprocessing.get_context("fork")
     ready, go, out = ctx.Queue(), ctx.Event(), ctx.Queue()
-    procs = [
-        ctx.Process(target=_drain_loop, args=(dsn, flow.slug, ready, go, out))
-        for _ in range(processes)
-    ]
+    procs = [ctx.Process(target=target, args=(dsn, name, ready, go, out)) for name in names]
     for proc in procs:
         proc.start()
     try:
         gather_results(ready, procs, timeout=120)
         with psycopg.connect(dsn, autocommit=True) as conn:
-            pid = conn.execute("select pg_backend_pid()").fetchone()[0]
+            pid = conn.info.backend_pid
             cpu, began = backend_cpu_s(pid), time.perf_counter()
-            start_runs(conn, flow, runs)
+            runs = start(conn)
             start_s, start_cpu = time.perf_counter() - began, backend_cpu_s(pid) - cpu
         started = time.perf_counter()
         go.set()
@@ -267,18 +282,38 @@ def drain(stack: Stack, shape: str, runs: int, processes: int) -> dict[str, floa
         go.set()
         for proc in procs:
             proc.join(timeout=60)
-    steps = sum(done for done, _, _ in results)
-    if steps != runs * flow.tasks_per_run:
-        raise RuntimeError(f"pgflow {shape}: {steps} of {runs * flow.tasks_per_run} tasks done")
-    check(stack, flow, runs)
-    elapsed = max(last for _, last, _ in results) - started
+    return Drained(results, started, start_s, start_cpu, runs)
+
+
+def figures(drained: Drained, runs: int) -> dict[str, float]:
+    """The figures of a drive() of `runs` runs, named alike on both sides."""
+    steps = sum(result[0] for result in drained.results)
+    elapsed = max(result[1] for result in drained.results) - drained.started
     return {
         "steps_per_s": steps / elapsed,
         "runs_per_s": runs / elapsed,
-        "start_runs_per_s": runs / start_s,
-        "server_cpu_us_per_step": sum(cpu for _, _, cpu in results) / steps * 1e6,
-        "start_server_cpu_us_per_run": start_cpu / runs * 1e6,
+        "start_runs_per_s": runs / drained.start_s,
+        "server_cpu_us_per_step": sum(result[2] for result in drained.results) / steps * 1e6,
+        "start_server_cpu_us_per_run": drained.start_cpu_s / runs * 1e6,
     }
+
+
+def drain(stack: Stack, shape: str, runs: int, processes: int) -> dict[str, float]:
+    """`runs` runs of the `shape` flow ("chain" or "fanin") started, then drained by
+    `processes` processes; checked afterwards (check())."""
+    flow = FLOWS[shape]
+    reset(stack)
+    drained = drive(
+        stack.dsn(DATABASE),
+        _drain_loop,
+        [flow.slug] * processes,
+        lambda conn: start_runs(conn, flow, runs),
+    )
+    steps = sum(done for done, _, _ in drained.results)
+    if steps != runs * flow.tasks_per_run:
+        raise RuntimeError(f"pgflow {shape}: {steps} of {runs * flow.tasks_per_run} tasks done")
+    check(stack, flow, runs)
+    return figures(drained, runs)
 
 
 def check(stack: Stack, flow: Flow, runs: int) -> None:

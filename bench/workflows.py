@@ -38,11 +38,10 @@ from .queue_sql import (
     array_literal,
     backend_cpu_s,
     completion_literals,
-    gather_results,
     reset,
 )
 from .stack import SCHEMA, Stack
-from .workflow_peers import FANIN_CHILDREN, OUTPUT
+from .workflow_peers import FANIN_CHILDREN, OUTPUT, drive, figures
 
 S = SCHEMA
 QUEUE = "default"
@@ -205,40 +204,16 @@ def drain(stack: Stack, shape: str, runs: int, processes: int) -> dict[str, floa
     """`runs` runs of `shape` ("chain" or "fanin") enqueued, then drained by `processes`
     processes; checked afterwards (check())."""
     reset(stack)
-    dsn = stack.dsn()
-    ctx = multiprocessing.get_context("fork")
-    ready, go, out = ctx.Queue(), ctx.Event(), ctx.Queue()
-    procs = [
-        ctx.Process(target=_drain_loop, args=(dsn, f"bench-{i}", ready, go, out))
-        for i in range(processes)
-    ]
-    for proc in procs:
-        proc.start()
-    try:
-        gather_results(ready, procs, timeout=120)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            pid = conn.info.backend_pid
-            cpu, began = backend_cpu_s(pid), time.perf_counter()
-            ids = start_runs(conn, shape, runs)
-            start_s, start_cpu = time.perf_counter() - began, backend_cpu_s(pid) - cpu
-        started = time.perf_counter()
-        go.set()
-        results = gather_results(out, procs, timeout=900)
-    finally:
-        go.set()
-        for proc in procs:
-            proc.join(timeout=60)
-    steps = sum(done for done, _, _, _ in results)
-    given = dict(pair for *_, pairs in results for pair in pairs)
-    check(stack, shape, ids, given, steps)
-    elapsed = max(last for _, last, _, _ in results) - started
-    return {
-        "steps_per_s": steps / elapsed,
-        "runs_per_s": runs / elapsed,
-        "start_runs_per_s": runs / start_s,
-        "server_cpu_us_per_step": sum(cpu for _, _, cpu, _ in results) / steps * 1e6,
-        "start_server_cpu_us_per_run": start_cpu / runs * 1e6,
-    }
+    drained = drive(
+        stack.dsn(),
+        _drain_loop,
+        [f"bench-{i}" for i in range(processes)],
+        lambda conn: start_runs(conn, shape, runs),
+    )
+    steps = sum(done for done, _, _, _ in drained.results)
+    given = dict(pair for *_, pairs in drained.results for pair in pairs)
+    check(stack, shape, drained.runs, given, steps)
+    return figures(drained, runs)
 
 
 def check(
