@@ -21,6 +21,7 @@ import pytest
 from testkit.postgrest import PostgRESTStandIn, make_jwt
 from testkit.project import REPO
 from testkit.stack import point_wake_ups
+from tests.support import step_order
 from tests.support.doc_examples import examples
 from tests.support.http_sink import HttpSink
 from tests.support.jobs import job_by_id, wait_until
@@ -144,22 +145,15 @@ def check_order(
     waits_on: dict[str, list[str]],
     reran: frozenset = frozenset(),
 ) -> dict:
-    """Each step of `ids` that ran started once (twice for those `reran`), and after each of
-    its dependencies ended; its last step.end line, by name."""
+    """step_order.check_order() over the step.start and step.end lines of the steps of `ids`
+    in the worker's log."""
     mine = set(ids.values())
-    lines = [e for e in woken.events() if e.get("jobId") in mine]
-    starts = [e["name"] for e in lines if e["event"] == "step.start"]
-    for name in set(starts):
-        assert starts.count(name) == (2 if name in reran else 1), (
-            f"{name} ran {starts.count(name)}x"
-        )
-    ends = {e["name"]: e for e in lines if e["event"] == "step.end"}
-    started = {e["name"]: e["t"] for e in lines if e["event"] == "step.start"}
-    for name, dependencies in waits_on.items():
-        for dependency in dependencies:
-            assert started[name] >= ends[dependency]["t"], f"{name} ran before {dependency} ended"
-        assert ends[name]["jobId"] == ids[name]
-    return ends
+    records = [
+        {**e, "at": e["event"].removeprefix("step."), "job_id": e["jobId"]}
+        for e in woken.events()
+        if e.get("jobId") in mine and e["event"] in ("step.start", "step.end")
+    ]
+    return step_order.check_order(records, ids, waits_on, reran)
 
 
 def test_a_diamond_and_a_chain_run_in_order_with_results(

@@ -17,6 +17,7 @@ import psycopg
 import pytest
 
 from testkit.project import PYTHON_VARIANTS, variant
+from tests.support import step_order
 from tests.support.jobs import wait_until
 from tests.support.workers import Installed, Workers, each_transport
 
@@ -66,21 +67,8 @@ def runs(log: Path) -> list[dict]:
 def check_order(
     log: Path, ids: dict[str, int], waits_on: dict[str, list[str]], reran: frozenset = frozenset()
 ) -> dict:
-    """Each step that ran started once (twice for those `reran`: retried), and after each of
-    its dependencies ended; its last "end" line, by name."""
-    lines = runs(log)
-    starts = [line["name"] for line in lines if line["at"] == "start"]
-    for name in set(starts):
-        assert starts.count(name) == (2 if name in reran else 1), (
-            f"{name} ran {starts.count(name)}x"
-        )
-    ends = {line["name"]: line for line in lines if line["at"] == "end"}
-    started = {line["name"]: line["t"] for line in lines if line["at"] == "start"}
-    for name, dependencies in waits_on.items():
-        for dependency in dependencies:
-            assert started[name] >= ends[dependency]["t"], f"{name} ran before {dependency} ended"
-        assert ends[name]["job_id"] == ids[name]
-    return ends
+    """step_order.check_order() over the lines the e2e_step handler wrote to `log`."""
+    return step_order.check_order(runs(log), ids, waits_on, reran)
 
 
 @pytest.mark.parametrize("installed", PYTHON_VARIANTS, indirect=True, ids=str)
