@@ -8,7 +8,10 @@ Every figure comes from the queue's SQL (list_jobs(), count_jobs(), retry_jobs()
 cancel_jobs()): a page reads only its own rows, a count stops at COUNT_CAP, and a bulk action
 runs as calls of BULK_SHARE jobs, each its own short transaction. A bulk action's form carries
 the filters it was counted with and the time it was counted at (`until`): jobs that come into
-the set afterwards are not changed, and none is changed twice.
+the set afterwards are not changed, and none is changed twice. A workflow filter narrows a
+bulk action as any other filter does; the queue's SQL cascades as it does for one job: a
+cancelled job cancels what waits on it, and a retried one brings back what its failure
+cancelled, waiting again.
 """
 
 from __future__ import annotations
@@ -37,19 +40,18 @@ FINISHED = ("done", "failed", "cancelled")
 PAGE_SIZE = 50
 # A count stops here ("more than 10,000"), and a bulk action changes at most this many jobs.
 COUNT_CAP = 10_000
+# count_jobs() reads at most 1,000 of a workflow's jobs: a count of them stops one below, so
+# that "more than 999" is told apart from exactly 1,000.
+WORKFLOW_COUNT_CAP = 999
 # Jobs a bulk action's call changes (one short transaction each).
 BULK_SHARE = 500
 # Which bulk action each status offers, and what it is called.
-ACTIONS = {"retry": ("failed", "cancelled"), "cancel": ("queued",)}
+ACTIONS = {"retry": ("failed", "cancelled"), "cancel": ("queued", "waiting")}
 REFUSED_ACTIONS = {
     "retry": "Only dead letters and cancelled jobs can be retried: list one of those statuses.",
-    "cancel": "Only queued jobs can be cancelled here: list the queued ones (a running or "
-    "waiting job is cancelled from its own page).",
+    "cancel": "Only queued and waiting jobs can be cancelled here: list one of those statuses "
+    "(a running job is cancelled from its own page).",
 }
-WORKFLOW_REFUSED = (
-    "A bulk action does not take a workflow filter: cancel a workflow from its first job's "
-    "page (what waits for it is cancelled too), or retry its steps from their pages."
-)
 # The longest kind, queue or key a filter takes (the queue's own limit on kinds and queues).
 MAX_TEXT = 200
 
@@ -128,7 +130,8 @@ class JobList:
             before_finished_at=after[1],
             page_size=PAGE_SIZE + 1,
         )
-        total = await self._source.count_jobs(**asdict(chosen), cap=COUNT_CAP)
+        cap = _cap(chosen)
+        total = await self._source.count_jobs(**asdict(chosen), cap=cap)
         more = len(found) > PAGE_SIZE
         rows = list(found[:PAGE_SIZE])
         next_page = chosen.query(after=_cursor_of(rows[-1], chosen.status)) if more else None
@@ -139,7 +142,7 @@ class JobList:
             inputs=_inputs(chosen),
             rows=rows,
             total=total,
-            cap=COUNT_CAP,
+            cap=cap,
             next_page=next_page,
             first_page=chosen.query() if after != (None, None) else None,
             statuses=STATUSES,
@@ -156,15 +159,16 @@ class JobList:
         chosen = _for_action(JobFilter.parse(request.query_params), action)
         now = datetime.now(UTC)
         chosen = replace(chosen, until=min(chosen.until or now, now))
-        total = await self._source.count_jobs(**asdict(chosen), cap=COUNT_CAP)
+        cap = _cap(chosen)
+        total = await self._source.count_jobs(**asdict(chosen), cap=cap)
         return self._render(
             "bulk.html",
             sid,
             action=action,
             chosen=chosen,
             total=total,
-            changed=min(total, COUNT_CAP),
-            cap=COUNT_CAP,
+            changed=min(total, cap),
+            cap=cap,
             done=None,
         )
 
@@ -179,10 +183,9 @@ class JobList:
             raise Refusal(400, "This form names no time it was counted at: open it again.")
         wanted = _count(form.get("count", ""))
         call = self._source.retry_jobs if action == "retry" else self._source.cancel_jobs
-        filters = {k: v for k, v in asdict(chosen).items() if k != "workflow"}  # None here
         changed = 0
         while changed < wanted:
-            share = await call(**filters, max_jobs=min(BULK_SHARE, wanted - changed))
+            share = await call(**asdict(chosen), max_jobs=min(BULK_SHARE, wanted - changed))
             if share == 0:
                 break
             changed += share
@@ -192,10 +195,13 @@ class JobList:
 
 
 def _bulk_action(chosen: JobFilter) -> str | None:
-    """The bulk action the list offers for its filters (none for a workflow's jobs)."""
-    if chosen.workflow is not None:
-        return None
+    """The bulk action the list offers for its filters' status, if any."""
     return next((a for a, among in ACTIONS.items() if chosen.status in among), None)
+
+
+def _cap(chosen: JobFilter) -> int:
+    """Where the count of the filtered jobs stops (and the most a bulk action changes)."""
+    return COUNT_CAP if chosen.workflow is None else WORKFLOW_COUNT_CAP
 
 
 def _inputs(chosen: JobFilter) -> dict[str, str]:
@@ -261,8 +267,6 @@ def _action(request: Request) -> str:
 def _for_action(chosen: JobFilter, action: str) -> JobFilter:
     if chosen.status not in ACTIONS[action]:
         raise Refusal(409, REFUSED_ACTIONS[action])
-    if chosen.workflow is not None:
-        raise Refusal(409, WORKFLOW_REFUSED)
     return chosen
 
 

@@ -198,9 +198,11 @@ class QueueSource(Protocol):
         since: datetime | None = None,
         until: datetime | None = None,
         max_jobs: int = 1000,
+        workflow: int | None = None,
     ) -> int:
         """`retry_jobs()`: queue again up to max_jobs dead or cancelled jobs that pass the
-        filters; how many."""
+        filters (`workflow`: any of its jobs' id), what their failure cancelled waiting again;
+        how many."""
         ...
 
     async def cancel_jobs(
@@ -213,8 +215,10 @@ class QueueSource(Protocol):
         since: datetime | None = None,
         until: datetime | None = None,
         max_jobs: int = 1000,
+        workflow: int | None = None,
     ) -> int:
-        """`cancel_jobs()`: cancel up to max_jobs queued jobs that pass the filters; how many."""
+        """`cancel_jobs()`: cancel up to max_jobs queued or waiting jobs that pass the filters
+        (`workflow`: any of its jobs' id), and what waits on them; how many."""
         ...
 
     async def cancel(self, job_id: int) -> bool:
