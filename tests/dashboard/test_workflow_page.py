@@ -2,8 +2,9 @@
 the live database holding a diamond (A -> B, A -> C, B and C -> D) enqueued through the SQL:
 the job page draws its steps a layer per column in dependency order, as an ordered list named
 by its heading, each step's status and result or error as SQL says and a link to its page;
-the job list lists the waiting jobs and filters by workflow. And an edge project's
-`dashboard workflow ID`. Screenshots go to test-artifacts/dashboard/."""
+the job list lists the waiting jobs and filters by workflow, and retries or cancels a
+workflow's jobs as any filtered set, the SQL cascading to what waits on them. And an edge
+project's `dashboard workflow ID`. Screenshots go to test-artifacts/dashboard/."""
 
 from __future__ import annotations
 
@@ -13,12 +14,20 @@ import subprocess
 
 import psycopg
 from playwright.sync_api import Page
+from psycopg.types.json import Jsonb
 
-from tests.support.diamond import C_ERROR, KINDS, RESULTS, enqueue_diamond, finish_diamond
+from tests.support.diamond import (
+    C_ERROR,
+    KINDS,
+    RESULTS,
+    complete,
+    enqueue_diamond,
+    finish_diamond,
+)
 
 from .conftest import Dashboard, EdgeDashboard
-from .test_browser import log_in
-from .test_job_list import shown, submit_filters
+from .test_browser import click, log_in
+from .test_job_list import confirm, shown, statuses, submit_filters
 
 
 def drawn(page: Page, workflow: int) -> list[list[tuple[int, str]]]:
@@ -98,12 +107,93 @@ def test_the_list_filters_by_workflow_and_lists_waiting_jobs(
     assert shown(page) == [wf.c, wf.b]
     submit_filters(page, workflow=str(wf.c))  # by any of its jobs' id
     assert shown(page) == [wf.c, wf.b]
-    assert page.get_by_role("link", name="Cancel these jobs…").count() == 0
     # the drawing's counts link to the list of them
     page.goto(f"{dashboard.url}/jobs/{y}")
     with page.expect_navigation():
         page.get_by_role("link", name="1 waiting").click()
     assert shown(page) == [y]
+
+
+def test_a_workflows_failed_step_is_retried_from_the_list_and_its_dependents_wait_again(
+    page: Page, dashboard: Dashboard, db: psycopg.Connection, screenshot
+) -> None:
+    wf = enqueue_diamond(db)
+    finish_diamond(db)  # C dead-lettered, D cancelled with it
+    # a dead letter in no workflow, which the workflow filter leaves alone
+    (other,) = db.execute("select pgqueue.enqueue('send_email', max_attempts => 1)").fetchone()
+    (token,) = db.execute(
+        "select lock_token from pgqueue.claim('w', 1, kinds => array['send_email'])"
+    ).fetchone()
+    db.execute("select pgqueue.fail(%s, %s, 'SMTP 550')", (other, token))
+    log_in(page, dashboard)
+    page.goto(f"{dashboard.url}/list?status=failed")
+    assert shown(page) == [other, wf.c]
+    submit_filters(page, workflow=str(wf.a))
+    assert shown(page) == [wf.c]
+
+    assert confirm(page, "Retry these jobs…") == f"Retry 1 job of workflow {wf.a}?"
+    cascade = page.locator("[data-field=cascade]").inner_text()
+    assert "the jobs their failure cancelled" in cascade and "come back too" in cascade
+    screenshot("workflow-retry-confirm", full_page=False)
+    assert statuses(db)[wf.d] == "cancelled", "a confirmation changes nothing"
+    click(page, "#bulk", "Retry 1 job")
+    assert page.locator("[data-field=done]").inner_text() == "1"
+    after = statuses(db)
+    assert (after[wf.c], after[wf.d], after[other]) == ("queued", "waiting", "failed")
+
+    # the list and the drawing show D waiting again, for C; C's success lets D run
+    page.goto(f"{dashboard.url}/list?status=waiting&workflow={wf.a}")
+    assert shown(page) == [wf.d]
+    page.goto(f"{dashboard.url}/jobs/{wf.d}")
+    assert drawn(page, wf.a)[2] == [(wf.d, "waiting")]
+    complete(db, "c", {"path": "beach@4096w.jpg"})
+    assert statuses(db)[wf.d] == "queued"
+
+
+def test_a_workflows_waiting_jobs_are_cancelled_from_the_list_with_what_waits_on_them(
+    page: Page, dashboard: Dashboard, db: psycopg.Connection, screenshot
+) -> None:
+    """A chain A -> B -> C (A queued, B and C waiting): the waiting resize_small jobs of A's
+    workflow cancelled from the list, which cancels C, waiting on B; another workflow's
+    waiting resize_small job stays."""
+    chain = [
+        {"kind": KINDS["a"], "payload": {}},
+        {"kind": KINDS["b"], "payload": {}, "depends_on_index": [0]},
+        {"kind": KINDS["d"], "payload": {}, "depends_on_index": [1]},
+        {"kind": "send_email", "payload": {}},
+        {"kind": KINDS["b"], "payload": {}, "depends_on_index": [3]},
+    ]
+    rows = db.execute("select pgqueue.enqueue_many(%s)", (Jsonb(chain),)).fetchall()
+    a, b, c, x, y = (job_id for (job_id,) in rows)
+    log_in(page, dashboard)
+    page.goto(f"{dashboard.url}/list?status=waiting")
+    assert shown(page) == [y, c, b]
+    submit_filters(page, workflow=str(a), kind=KINDS["b"])
+    assert shown(page) == [b]
+
+    assert confirm(page, "Cancel these jobs…") == f"Cancel 1 job of workflow {a}?"
+    cascade = page.locator("[data-field=cascade]").inner_text()
+    assert "what waits on these jobs" in cascade and "is cancelled too" in cascade
+    screenshot("workflow-cancel-confirm", full_page=False)
+    click(page, "#bulk", "Cancel 1 job")
+    assert page.locator("[data-field=done]").inner_text() == "1"
+    after = statuses(db)
+    assert [after[i] for i in (a, b, c, x, y)] == [
+        "queued",
+        "cancelled",
+        "cancelled",
+        "queued",
+        "waiting",
+    ]
+
+    # the cascade, shown: the workflow's cancelled jobs, C with the reason
+    page.goto(f"{dashboard.url}/list?status=cancelled&workflow={a}")
+    assert shown(page) == [c, b]
+    reason = page.locator(f"tr[data-job='{c}'] .error-text").inner_text()
+    assert reason == f"dependency {b} was cancelled"
+    page.goto(f"{dashboard.url}/jobs/{a}")
+    assert drawn(page, a) == [[(a, "queued")], [(b, "cancelled")], [(c, "cancelled")]]
+    screenshot("workflow-cancelled")
 
 
 def test_the_edge_dashboards_workflow_command(
