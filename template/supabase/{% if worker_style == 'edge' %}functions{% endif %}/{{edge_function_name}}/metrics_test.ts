@@ -27,6 +27,18 @@ Deno.test("each metric gets HELP and TYPE once, then a line per sample", () => {
   );
 });
 
+Deno.test("the waiting jobs' HELP says they wait for other jobs to finish", () => {
+  const text = formatPrometheus([
+    { metric: "pgqueue_jobs_waiting", labels: { kind: "zip", queue: "default" }, value: 2 },
+  ]);
+  assert.equal(
+    text.split("\n")[0],
+    "# HELP pgqueue_jobs_waiting Jobs waiting for other jobs to finish (their depends_on): " +
+      "not claimable until then.",
+  );
+  assert.match(text, /^pgqueue_jobs_waiting\{kind="zip",queue="default"\} 2$/m);
+});
+
 Deno.test("label values escape backslash, double quote and newline", () => {
   assert.equal(escapeLabelValue('a\\b"c\nd'), 'a\\\\b\\"c\\nd');
   const text = formatPrometheus([

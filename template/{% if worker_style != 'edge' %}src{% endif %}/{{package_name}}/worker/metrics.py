@@ -43,6 +43,9 @@ DATABASE_METRICS = {
     "pgqueue_jobs_runnable": "Waiting jobs that are due now.",
     "pgqueue_jobs_running": "Jobs a worker holds under a lease.",
     "pgqueue_jobs_retrying": "Waiting jobs that already failed an attempt.",
+    "pgqueue_jobs_waiting": (
+        "Jobs waiting for other jobs to finish (their depends_on): not claimable until then."
+    ),
     "pgqueue_oldest_runnable_age_seconds": "How long the oldest runnable job has been due.",
     "pgqueue_expired_leases": "Running jobs whose lease expired: the next sweep rescues them.",
     "pgqueue_dead_letters": "Dead-lettered jobs kept in the history.",
