@@ -196,6 +196,23 @@ def test_a_workflows_waiting_jobs_are_cancelled_from_the_list_with_what_waits_on
     screenshot("workflow-cancelled")
 
 
+def test_a_bulk_action_on_a_workflow_past_what_its_count_reads_says_more(
+    page: Page, dashboard: Dashboard, db: psycopg.Connection
+) -> None:
+    """count_jobs() reads at most 1,000 of a workflow's jobs: with 1,000 waiting, the list
+    and the confirmation say "more than 999", and the action changes 999 at a time."""
+    fan_out = [{"kind": KINDS["a"], "payload": {}}] + [
+        {"kind": KINDS["b"], "payload": {"n": n}, "depends_on_index": [0]} for n in range(1000)
+    ]
+    ((root,), *_) = db.execute("select pgqueue.enqueue_many(%s)", (Jsonb(fan_out),)).fetchall()
+    log_in(page, dashboard)
+    page.goto(f"{dashboard.url}/list?status=waiting&workflow={root}")
+    assert page.locator("[data-field=count]").inner_text().startswith("More than 999 jobs")
+    assert confirm(page, "Cancel these jobs…") == f"Cancel 999 jobs of workflow {root}?"
+    more = page.locator("[data-field=more]").inner_text()
+    assert more.startswith("More than 999 jobs pass these filters: this cancels 999 of them")
+
+
 def test_the_edge_dashboards_workflow_command(
     edge_dashboard: EdgeDashboard, db: psycopg.Connection, stack_env: dict
 ) -> None:
