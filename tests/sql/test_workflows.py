@@ -372,6 +372,33 @@ def test_retrying_a_dead_lettered_step_resumes_its_dependents(db: psycopg.Connec
     assert last["payload"]["_dependencies"][str(c)]["result"] == "c"
 
 
+def test_a_dependency_done_on_a_later_attempt_is_handed_on_without_its_old_error(
+    db: psycopg.Connection,
+) -> None:
+    """A job done after a failed attempt keeps that attempt's error in its history row; its
+    dependents are told it is done, with its result and no error (a handler that checks the
+    error would take it for a failure)."""
+    a = enqueue(db, "a")
+    b = enqueue(db, "b", a)
+    (job,) = claim_all(db)
+    (outcome,) = db.execute(
+        "select pgqueue.fail(%s, %s, 'flaky', retry_in => interval '0')",
+        (job["id"], job["lock_token"]),
+    ).fetchone()
+    assert outcome == "queued"
+    (job,) = claim_all(db)
+    complete(db, job, "a")
+    assert job_by_id(db, a)["last_error"] == "flaky", "the failed attempt's error is kept"
+    (last,) = claim_all(db)
+    assert last["id"] == b
+    assert last["payload"]["_dependencies"] == {
+        str(a): {"kind": "a", "status": "done", "result": "a"}
+    }
+    with db.cursor(row_factory=dict_row) as cur:
+        fetched = cur.execute("select * from pgqueue.dependency_results(%s)", (b,)).fetchall()
+    assert fetched == [{"id": a, "kind": "a", "status": "done", "result": "a", "error": None}]
+
+
 def test_a_cancelled_dependent_waits_again_until_every_failed_dependency_is_retried(
     db: psycopg.Connection,
 ) -> None:

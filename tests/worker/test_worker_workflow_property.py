@@ -258,9 +258,7 @@ def check_handed(step: Step, ids: list[int], final: dict[int, dict], record: dic
         )
         if handed is None:
             continue
-        # (a done one's error: fails as of 1.5.0 at dad0f60, the queue hands a step that
-        # succeeded on a retry its failed attempt's error; _finished_jobs() reads last_error
-        # whatever the status: reported to the lead)
+        # a done one comes with no error, though it kept its failed attempt's in the history
         if handed["status"] == "done" and (handed["result"] != name.split()[0] or handed["error"]):
             problems.append(
                 f"{attempt} was handed {name}, which is done, with result {handed['result']!r}"
