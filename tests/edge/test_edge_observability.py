@@ -102,7 +102,7 @@ def test_get_metrics_serves_the_sql_metrics_as_prometheus_text(
         db.execute("select value from pgqueue.counters where name = 'lease_rescues'").fetchone()[0]
     ]
     assert families["pgqueue_jobs_queued"].type == "gauge"
-    assert families["pgqueue_jobs_queued"].documentation == "Jobs waiting to run, due now or later."
+    assert families["pgqueue_jobs_queued"].documentation == "Jobs in the queue, due now or later."
     ages = families["pgqueue_oldest_runnable_age_seconds"].samples
     assert {s.labels["queue"] for s in ages} == {"default", ODD_QUEUE}
 

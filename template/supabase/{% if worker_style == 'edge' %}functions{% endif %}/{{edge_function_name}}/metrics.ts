@@ -6,10 +6,10 @@ export const PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8
 
 /** What each metric means (docs/observability.md in the template says more). */
 const HELP: Record<string, string> = {
-  pgqueue_jobs_queued: "Jobs waiting to run, due now or later.",
-  pgqueue_jobs_runnable: "Waiting jobs that are due now.",
+  pgqueue_jobs_queued: "Jobs in the queue, due now or later.",
+  pgqueue_jobs_runnable: "Queued jobs that are due now.",
   pgqueue_jobs_running: "Jobs a worker holds under a lease.",
-  pgqueue_jobs_retrying: "Waiting jobs that already failed an attempt.",
+  pgqueue_jobs_retrying: "Queued jobs that already failed an attempt.",
   pgqueue_jobs_waiting:
     "Jobs waiting for other jobs to finish (their depends_on): not claimable until then.",
   pgqueue_oldest_runnable_age_seconds:

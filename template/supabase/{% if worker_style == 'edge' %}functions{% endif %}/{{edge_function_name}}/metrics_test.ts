@@ -11,7 +11,7 @@ Deno.test("each metric gets HELP and TYPE once, then a line per sample", () => {
   assert.equal(
     text,
     [
-      "# HELP pgqueue_jobs_queued Jobs waiting to run, due now or later.",
+      "# HELP pgqueue_jobs_queued Jobs in the queue, due now or later.",
       "# TYPE pgqueue_jobs_queued gauge",
       'pgqueue_jobs_queued{kind="email",queue="default"} 3',
       'pgqueue_jobs_queued{kind="sms",queue="default"} 0',

@@ -39,10 +39,10 @@ WAKEUP_SOURCES: tuple[WakeupSource, ...] = ("notify", "http", "poll")
 # What each metric of <schema>.metrics() means (its HELP line); a name not listed here is
 # served all the same, with a generic one.
 DATABASE_METRICS = {
-    "pgqueue_jobs_queued": "Jobs waiting to run, due now or later.",
-    "pgqueue_jobs_runnable": "Waiting jobs that are due now.",
+    "pgqueue_jobs_queued": "Jobs in the queue, due now or later.",
+    "pgqueue_jobs_runnable": "Queued jobs that are due now.",
     "pgqueue_jobs_running": "Jobs a worker holds under a lease.",
-    "pgqueue_jobs_retrying": "Waiting jobs that already failed an attempt.",
+    "pgqueue_jobs_retrying": "Queued jobs that already failed an attempt.",
     "pgqueue_jobs_waiting": (
         "Jobs waiting for other jobs to finish (their depends_on): not claimable until then."
     ),
