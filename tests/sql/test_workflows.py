@@ -461,6 +461,32 @@ def test_enqueue_many_enqueues_a_whole_workflow_and_the_list_finds_it(
     ).fetchone() == (5,)
 
 
+def test_count_jobs_counts_a_workflow_of_more_than_1000_jobs_up_to_its_cap(
+    db: psycopg.Connection,
+) -> None:
+    """count_jobs(workflow => id) counts as the other filters do: up to the cap (10,000 by
+    default), cap + 1 meaning more; a workflow's job kept in a batch counts too."""
+    root = enqueue(db, "root")
+    children = [{"kind": "child", "depends_on": [root]} for _ in range(1500)]
+    db.execute("select pgqueue.enqueue_many(%s)", (Jsonb(children),))
+    count = "select pgqueue.count_jobs(%s, workflow => %s, cap => %s)"
+    assert db.execute(count, ("waiting", root, 10000)).fetchone() == (1500,)
+    assert db.execute(count, ("waiting", root, 1200)).fetchone() == (1201,), "more than 1,200"
+    run(db)
+    assert db.execute(count, ("done", root, 10000)).fetchone() == (1501,)
+    assert db.execute(count, ("done", root, 1000)).fetchone() == (1001,)
+    first, _other = [
+        job_id
+        for (job_id,) in db.execute(
+            "select pgqueue.enqueue_many(%s)", (Jsonb([{"kind": "batched"}] * 2),)
+        )
+    ]
+    assert db.execute("select count(*) from pgqueue.job_batches").fetchone() == (1,)
+    enqueue(db, "after", first)
+    assert db.execute(count, ("queued", first, 10000)).fetchone() == (1,), "the batch's one"
+    assert db.execute(count, ("waiting", first, 10000)).fetchone() == (1,)
+
+
 def test_the_sweeper_releases_a_job_whose_dependencies_all_finished(
     db: psycopg.Connection,
 ) -> None:
