@@ -81,7 +81,9 @@ ADDED_LINES = {
     "1.4.0 schedules in a time zone, with catch-up": 337,
     "1.4.0 job list": 320,  # list_jobs(), count_jobs(), retry_jobs(), cancel_jobs(), indexes
     "1.4.0 attempt errors and snoozes": 204,
-    "1.5.0 workflows": 913,  # depends_on: waiting jobs, their release, cascades, workflow()
+    # depends_on: waiting jobs, their release, cascades, workflow(); a workflow enqueued
+    # set-based, a statement a step for all its jobs, and count_jobs() by workflow (+129)
+    "1.5.0 workflows": 1042,
 }
 # The claim path's budget: issue 48's 700 lines, and what a later feature must add to it, named.
 CLAIM_PATH_LINES = {

@@ -27,6 +27,8 @@ from testkit.project import REPO
 from tests.sql.test_hot_path import complete_and_claim
 from tests.support.jobs import job_by_id
 
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
 
 def enqueue(db: psycopg.Connection, kind: str, *depends_on: int, **kw: object) -> int:
     """enqueue(kind) after the jobs `depends_on`, with the other arguments by name."""
@@ -249,6 +251,71 @@ def test_a_dead_letter_cancels_its_dependents_transitively_and_run_ones_run_told
         f"dependency {a} was dead-lettered: KeyError: 'x'",
     )
     assert status(db, enqueue(db, "late", c, on_dependency_failure="run")) == "queued"
+
+
+def test_enqueue_many_stores_a_workflow_as_enqueue_would_each_job(
+    db: psycopg.Connection,
+) -> None:
+    """One call's elements, stored together: one with a key (the key's job again on a second
+    call), one cancelled at once by a dead letter it depends on, one cancelled with it in turn,
+    one with 'run' released told which was cancelled, one runnable at once with a done
+    dependency's result, one left waiting for two elements of the call; a bad element's error
+    is enqueue()'s, and stores nothing."""
+    dead = enqueue(db, "dead")
+    (job,) = claim_all(db)
+    dead_letter(db, job, "gone")
+    done = enqueue(db, "done")
+    enqueue(db, "holder", done)  # (so done's result is kept)
+    (job,) = claim_all(db)
+    complete(db, job, {"n": 1})
+    elements = [
+        {"kind": "keyed", "idempotency_key": "k1", "traceparent": TRACEPARENT},
+        {"kind": "a", "depends_on": [dead]},
+        {"kind": "b", "depends_on_index": [1]},
+        {"kind": "told", "depends_on_index": [1], "on_dependency_failure": "run"},
+        {"kind": "ready", "depends_on": [done], "priority": 3, "traceparent": TRACEPARENT},
+        {"kind": "waits", "depends_on_index": [0, 4], "payload": {"x": 1}},
+    ]
+    ids = [i for (i,) in db.execute("select pgqueue.enqueue_many(%s)", (Jsonb(elements),))]
+    keyed, a, b, told, ready, waits = ids
+    assert [status(db, i) for i in ids] == [
+        "queued",
+        "cancelled",
+        "cancelled",
+        "queued",
+        "queued",
+        "waiting",
+    ]
+    assert job_by_id(db, a)["last_error"] == f"dependency {dead} was dead-lettered: gone"
+    assert job_by_id(db, b)["last_error"] == f"dependency {a} was cancelled"
+    assert db.execute(
+        "select id, priority, trace_context::text from pgqueue.jobs where kind <> 'holder' "
+        "order by id"
+    ).fetchall() == [(keyed, 0, TRACEPARENT), (told, 0, None), (ready, 3, TRACEPARENT)]
+    jobs = {j["kind"]: j for j in claim_all(db)}
+    assert jobs["told"]["payload"]["_dependencies"] == {
+        str(a): {"kind": "a", "status": "cancelled", "error": job_by_id(db, a)["last_error"],
+                 "result": None}
+    }  # fmt: skip
+    assert jobs["ready"]["payload"]["_dependencies"] == {
+        str(done): {"kind": "done", "status": "done", "result": {"n": 1}}
+    }
+    assert db.execute(
+        "select remaining, payload from pgqueue.waiting_jobs where id = %s", (waits,)
+    ).fetchone() == (2, {"x": 1})
+    assert job_by_id(db, waits)["workflow_id"] == done, "the smallest of its dependencies'"
+    again = [{"kind": "keyed", "idempotency_key": "k1"}, {"kind": "c", "depends_on_index": [0]}]
+    (first, _c) = [i for (i,) in db.execute("select pgqueue.enqueue_many(%s)", (Jsonb(again),))]
+    assert first == keyed, "the key's job"
+    stored = db.execute("select count(*) from pgqueue.waiting_jobs").fetchone()
+    for bad, message in [
+        ({"kind": "x", "payload": {"_dependencies": 1}, "depends_on_index": [0]}, "_dependencies"),
+        ({"kind": "x", "traceparent": "nope", "depends_on_index": [0]}, "traceparent must be"),
+        ({"kind": "x", "on_conflict": "merge", "depends_on_index": [0]}, "on_conflict must be"),
+    ]:
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match=message):
+            db.execute("select pgqueue.enqueue_many(%s)", (Jsonb([{"kind": "y"}, bad]),))
+    assert db.execute("select count(*) from pgqueue.waiting_jobs").fetchone() == stored
 
 
 def test_cancelling_a_workflows_root_cancels_what_waits_on_it(db: psycopg.Connection) -> None:
@@ -488,6 +555,32 @@ def test_enqueue_many_enqueues_a_whole_workflow_and_the_list_finds_it(
     ).fetchone() == (5,)
 
 
+def test_count_jobs_counts_a_workflow_of_more_than_1000_jobs_up_to_its_cap(
+    db: psycopg.Connection,
+) -> None:
+    """count_jobs(workflow => id) counts as the other filters do: up to the cap (10,000 by
+    default), cap + 1 meaning more; a workflow's job kept in a batch counts too."""
+    root = enqueue(db, "root")
+    children = [{"kind": "child", "depends_on": [root]} for _ in range(1500)]
+    db.execute("select pgqueue.enqueue_many(%s)", (Jsonb(children),))
+    count = "select pgqueue.count_jobs(%s, workflow => %s, cap => %s)"
+    assert db.execute(count, ("waiting", root, 10000)).fetchone() == (1500,)
+    assert db.execute(count, ("waiting", root, 1200)).fetchone() == (1201,), "more than 1,200"
+    run(db)
+    assert db.execute(count, ("done", root, 10000)).fetchone() == (1501,)
+    assert db.execute(count, ("done", root, 1000)).fetchone() == (1001,)
+    first, _other = [
+        job_id
+        for (job_id,) in db.execute(
+            "select pgqueue.enqueue_many(%s)", (Jsonb([{"kind": "batched"}] * 2),)
+        )
+    ]
+    assert db.execute("select count(*) from pgqueue.job_batches").fetchone() == (1,)
+    enqueue(db, "after", first)
+    assert db.execute(count, ("queued", first, 10000)).fetchone() == (1,), "the batch's one"
+    assert db.execute(count, ("waiting", first, 10000)).fetchone() == (1,)
+
+
 def test_the_sweeper_releases_a_job_whose_dependencies_all_finished(
     db: psycopg.Connection,
 ) -> None:
@@ -581,6 +674,55 @@ def test_dependents_enqueued_while_their_dependency_completes_never_stay_waiting
                 stuck.append(round_)
             db.execute("truncate pgqueue.jobs, pgqueue.waiting_jobs, pgqueue.job_dependencies")
     assert stuck == [], "rounds that left dependents waiting for a done job"
+
+
+def test_a_workflow_enqueued_in_one_call_while_its_dependency_ends_never_misses_it(
+    db: psycopg.Connection, stack: Cluster
+) -> None:
+    """The race through enqueue_many(), whose elements are stored together: a call holding
+    a job of its own, one that waits for a running job, and one that waits for both, while
+    the running job is completed (even rounds) or dead-lettered (odd). Whichever commits
+    first, the dependent of the running job alone runs (or is cancelled, naming it), and the
+    other waits only for its sibling of the call (or is cancelled)."""
+    wrong = []
+    with stack.connect(autocommit=True) as worker, stack.connect(autocommit=True) as app:
+
+        def enqueue_workflow(dependency: int) -> None:
+            elements = [
+                {"kind": "sibling"},
+                {"kind": "dependent", "depends_on": [dependency]},
+                {"kind": "both", "depends_on": [dependency], "depends_on_index": [0]},
+            ]
+            app.execute("select pgqueue.enqueue_many(%s)", (Jsonb(elements),))
+
+        for round_ in range(150):
+            dependency = enqueue(db, "dependency")
+            (running,) = claim_all(db)
+            end = complete if round_ % 2 == 0 else dead_letter
+            at_once(partial(end, worker, running), partial(enqueue_workflow, dependency))
+            found = db.execute(
+                "select j.kind, j.status, w.remaining, j.last_error from pgqueue.live_jobs as j "
+                "left join pgqueue.waiting_jobs as w on w.id = j.id "
+                "where j.kind in ('dependent', 'both') order by j.kind"
+            ).fetchall()
+            if round_ % 2 == 0:
+                expected = [("both", "waiting", 1, None), ("dependent", "queued", None, None)]
+            else:
+                expected = []
+                cancelled = db.execute(
+                    "select kind, last_error from pgqueue.job_history where status = 'cancelled' "
+                    "order by kind"
+                ).fetchall()
+                failure = f"dependency {dependency} was dead-lettered: boom"
+                if cancelled != [("both", failure), ("dependent", failure)]:
+                    wrong.append((round_, cancelled))
+            if found != expected:
+                wrong.append((round_, found))
+            db.execute(
+                "truncate pgqueue.jobs, pgqueue.waiting_jobs, pgqueue.job_dependencies, "
+                "pgqueue.job_history"
+            )
+    assert wrong == [], "rounds that missed the end of the running dependency"
 
 
 def test_dependents_enqueued_while_their_queued_dependency_is_claimed_and_completed(

@@ -122,11 +122,12 @@ def test_a_new_project_defines_each_queue_object_once(
     # _prune_attempt_logs(), _job_is_kept() (+4); retry()'s statement as _revive(), which
     # retry_jobs() calls too (+1); 1.5.0's workflows: dependency_results(), workflow(),
     # _enqueue_dependents(), _lock_dependencies(), _finished_jobs(), _job_states(),
-    # _dependency_failure(), _enqueue_waiting(), _dependencies_finished(), _release_waiting(),
-    # _cancel_waiting(), _dependencies_failed(), _dependents_revived(), _recount_waiting(),
-    # _release_stuck(), _related_jobs(), _workflow_members(), _waiting_sources() (+18)
+    # _dependency_failure(), _job_elements(), _check_elements(), _join_workflows(),
+    # _dependencies_finished(), _release_waiting(), _cancel_waiting(), _dependencies_failed(),
+    # _dependents_revived(), _recount_waiting(), _release_stuck(), _related_jobs(),
+    # _workflow_members(), _waiting_sources() (+20)
     functions = [n for n in counts if n.startswith("function ")]
-    assert len(functions) == 68 + 1 + 6 - 1 + 5 + 1 + 3 + 1 + 1 + 5 + 6 + 4 + 1 + 18
+    assert len(functions) == 68 + 1 + 6 - 1 + 5 + 1 + 3 + 1 + 1 + 5 + 6 + 4 + 1 + 20
     assert long_functions(baseline_sql(project)) == {}
     client = (
         (project / MIGRATIONS / BASELINE[BASELINE_TOPICS.index("client_jobs")])
