@@ -40,9 +40,6 @@ FINISHED = ("done", "failed", "cancelled")
 PAGE_SIZE = 50
 # A count stops here ("more than 10,000"), and a bulk action changes at most this many jobs.
 COUNT_CAP = 10_000
-# count_jobs() reads at most 1,000 of a workflow's jobs: a count of them stops one below, so
-# that "more than 999" is told apart from exactly 1,000.
-WORKFLOW_COUNT_CAP = 999
 # Jobs a bulk action's call changes (one short transaction each).
 BULK_SHARE = 500
 # Which bulk action each status offers, and what it is called.
@@ -130,8 +127,7 @@ class JobList:
             before_finished_at=after[1],
             page_size=PAGE_SIZE + 1,
         )
-        cap = _cap(chosen)
-        total = await self._source.count_jobs(**asdict(chosen), cap=cap)
+        total = await self._source.count_jobs(**asdict(chosen), cap=COUNT_CAP)
         more = len(found) > PAGE_SIZE
         rows = list(found[:PAGE_SIZE])
         next_page = chosen.query(after=_cursor_of(rows[-1], chosen.status)) if more else None
@@ -142,7 +138,7 @@ class JobList:
             inputs=_inputs(chosen),
             rows=rows,
             total=total,
-            cap=cap,
+            cap=COUNT_CAP,
             next_page=next_page,
             first_page=chosen.query() if after != (None, None) else None,
             statuses=STATUSES,
@@ -159,16 +155,15 @@ class JobList:
         chosen = _for_action(JobFilter.parse(request.query_params), action)
         now = datetime.now(UTC)
         chosen = replace(chosen, until=min(chosen.until or now, now))
-        cap = _cap(chosen)
-        total = await self._source.count_jobs(**asdict(chosen), cap=cap)
+        total = await self._source.count_jobs(**asdict(chosen), cap=COUNT_CAP)
         return self._render(
             "bulk.html",
             sid,
             action=action,
             chosen=chosen,
             total=total,
-            changed=min(total, cap),
-            cap=cap,
+            changed=min(total, COUNT_CAP),
+            cap=COUNT_CAP,
             done=None,
         )
 
@@ -197,11 +192,6 @@ class JobList:
 def _bulk_action(chosen: JobFilter) -> str | None:
     """The bulk action the list offers for its filters' status, if any."""
     return next((a for a, among in ACTIONS.items() if chosen.status in among), None)
-
-
-def _cap(chosen: JobFilter) -> int:
-    """Where the count of the filtered jobs stops (and the most a bulk action changes)."""
-    return COUNT_CAP if chosen.workflow is None else WORKFLOW_COUNT_CAP
 
 
 def _inputs(chosen: JobFilter) -> dict[str, str]:
