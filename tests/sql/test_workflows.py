@@ -482,6 +482,28 @@ def test_a_cancelled_dependent_waits_again_until_every_failed_dependency_is_retr
     assert status(db, both) == "done"
 
 
+def test_a_step_that_ran_and_failed_runs_again_when_retried_with_what_it_was_handed(
+    db: psycopg.Connection,
+) -> None:
+    """retry() of a step that was released and then dead-lettered itself re-runs it with the
+    dependencies it was handed: a 'run' step told its dependency failed does not wait again
+    for that dead letter (which would leave it waiting for good); a step cancelled while it
+    waited waits again (above)."""
+    a = enqueue(db, "a")
+    told = enqueue(db, "cleanup", a, on_dependency_failure="run")
+    (job,) = claim_all(db)
+    dead_letter(db, job, "a broke")
+    (cleanup,) = claim_all(db)
+    handed = cleanup["payload"]["_dependencies"]
+    assert handed[str(a)]["status"] == "failed"
+    dead_letter(db, cleanup, "cleanup broke too")
+    assert db.execute("select pgqueue.retry(%s)", (told,)).fetchone() == (True,)
+    assert status(db, told) == "queued", "runs again, not waiting for the dead letter a"
+    (again,) = claim_all(db)
+    assert (again["id"], again["payload"]["_dependencies"]) == (told, handed)
+    assert status(db, a) == "failed"
+
+
 def test_what_enqueue_refuses(db: psycopg.Connection) -> None:
     a = enqueue(db, "a")
     cases = [
