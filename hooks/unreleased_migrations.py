@@ -47,6 +47,7 @@ RELEASES = {
     "1.2.0": "d63641ba6ef4889656c002659d1a71dbb8c49204",
     "1.3.0": "c5d7f43aff82a7ef71cc79114d794b136192348f",
     "1.4.0": "fb9e3a888b348803a41663564f2fd65d7b65c4f7",
+    "1.5.0": "d38daa3e9c3f23d8cc93c5427c4b4433b28f7b33",
 }
 MIGRATIONS = Path("supabase/migrations")
 MARKER = "-- pgqueue-template repair: "
