@@ -33,6 +33,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from testkit.project import variant
+from tests.support.jobs import wait_until
 from tests.support.workers import HANDLERS, Installed, Workers, with_handlers
 
 NODE = HANDLERS / "e2e_dag.py"
@@ -201,16 +202,20 @@ def until_finished(
 
 def kill_the_sleepers_worker(workers: Workers, log: Path, sleeper: str) -> int:
     """SIGKILL the worker whose process started `sleeper` (while it sleeps); its pid."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        for lines in records(log).values():
-            started = [r["pid"] for r in lines if r["name"] == sleeper and r["at"] == "start"]
-            if started:
-                [worker] = [w for w in workers.started if w.proc.pid == started[0]]
-                worker.kill()
-                return started[0]
-        time.sleep(0.05)
-    pytest.fail(f"{sleeper} did not start within 30 s")
+
+    def started() -> int | None:
+        pids = [
+            r["pid"]
+            for lines in records(log).values()
+            for r in lines
+            if r["name"] == sleeper and r["at"] == "start"
+        ]
+        return pids[0] if pids else None
+
+    pid = wait_until(started, timeout=30, what=f"{sleeper} to start")
+    [worker] = [w for w in workers.started if w.proc.pid == pid]
+    worker.kill()
+    return pid
 
 
 def check_step(

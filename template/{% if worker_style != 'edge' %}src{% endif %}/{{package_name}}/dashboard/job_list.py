@@ -142,7 +142,7 @@ class JobList:
             next_page=next_page,
             first_page=chosen.query() if after != (None, None) else None,
             statuses=STATUSES,
-            action=_bulk_action(chosen),
+            action=next((a for a, among in ACTIONS.items() if chosen.status in among), None),
         )
 
     async def confirm(self, request: Request) -> Response:
@@ -187,11 +187,6 @@ class JobList:
         return self._render(
             "bulk.html", sid, action=action, chosen=chosen, total=wanted, done=changed
         )
-
-
-def _bulk_action(chosen: JobFilter) -> str | None:
-    """The bulk action the list offers for its filters' status, if any."""
-    return next((a for a, among in ACTIONS.items() if chosen.status in among), None)
 
 
 def _inputs(chosen: JobFilter) -> dict[str, str]:
